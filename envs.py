@@ -1,0 +1,843 @@
+"""The spatial cooperative games: layouts, state, `step`, attributed events, text views.
+
+Three grid games share one shape (the `Game` base class): an ASCII layout is parsed and validated,
+`reset(seed)` places agents (and, in `forage`, food) with a `numpy.random.Generator`, `step(actions)`
+applies one joint primitive action and returns `(reward, terminated, truncated, events)`, where each
+event is `(kind, agents, obj)`: what moved the task forward, which agent(s) caused it, on which object.
+The audits (audit.py) are built on these events. `score` is the normalized return in [0, 1]
+(the fraction of the layout's achievable reward).
+
+Primitive actions (every game): 0 stay, 1 north, 2 south, 3 west, 4 east, 5 interact (`load` in forage;
+a no-op in coop_push). Movement rule shared by all games (as in lb-foraging): a move fails if its target
+is blocked, if the target was occupied by an agent at the start of the step, or if two or more agents
+move into the same cell (all of them stay).
+
+Layout files: the map (one character a cell) and, after it, optional `key: value` lines, e.g.
+
+    #######
+    #ggggg#
+    #.b.HH#
+    #1...2#
+    #######
+    max_steps: 60
+
+Agents are the digits 1..9 in every game. A malformed layout raises `LayoutError` naming the line and
+column and what was expected.
+
+Run `python envs.py --game kitchen --show` to watch the scripted team play (see options.py).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+ACTIONS = ("stay", "north", "south", "west", "east", "interact")
+DIRECTIONS = ("north", "south", "west", "east")  # action index = DIRECTIONS.index(d) + 1
+TRUE_WORDS, FALSE_WORDS = ("yes", "true", "1"), ("no", "false", "0")
+
+
+class LayoutError(ValueError):
+    """A layout that cannot be parsed; the message names the line, column and what is expected."""
+
+
+# ----------------------------------------------------------------------------- layouts
+
+
+def parse_layout(text: str, legend: dict[str, str], keys: dict[str, str], name: str = "custom") -> tuple:
+    """Split a layout text into (rows, options) and validate it.
+
+    legend: allowed map characters -> meaning (used in error messages).
+    keys: allowed option keys -> a description of the accepted value (used in error messages).
+    """
+    lines = text.split("\n")
+    while lines and not lines[0].strip():
+        lines.pop(0)
+    rows: list[str] = []
+    i = 0
+    while i < len(lines) and lines[i].strip() and ":" not in lines[i]:
+        rows.append(lines[i].rstrip("\r"))
+        i += 1
+    if not rows:
+        raise LayoutError(f"layout '{name}': line 1: expected a map row, found no map")
+    width = max(len(r) for r in rows)
+    for r, row in enumerate(rows):
+        if len(row) != width:
+            raise LayoutError(f"layout '{name}': line {r + 1}: expected {width} columns like line 1, "
+                              f"got {len(row)} (all map rows must have the same width)")
+        for c, ch in enumerate(row):
+            if ch not in legend:
+                accepted = ", ".join(f"'{k}' {v}" for k, v in legend.items())
+                raise LayoutError(f"layout '{name}': line {r + 1} column {c + 1}: unexpected '{ch}'; "
+                                  f"expected one of {accepted}")
+    options: dict[str, str] = {}
+    for j in range(i, len(lines)):
+        line = lines[j].strip()
+        if not line or line.startswith("//"):
+            continue
+        key, sep, value = line.partition(":")
+        key = key.strip()
+        if not sep or key not in keys:
+            accepted = "; ".join(f"'{k}: {v}'" for k, v in keys.items())
+            raise LayoutError(f"layout '{name}': line {j + 1} column 1: expected an option line, one of "
+                              f"{accepted}; got '{line}'")
+        options[key] = value.strip()
+    agents = sorted(ch for row in rows for ch in row if ch.isdigit())
+    if len(agents) < 1 or agents != [str(k + 1) for k in range(len(agents))]:
+        raise LayoutError(f"layout '{name}': line 1 column 1: expected agents numbered 1..N, each once, "
+                          f"found {agents or 'none'}")
+    return tuple(rows), options
+
+
+def option_int(options: dict, key: str, default: int, name: str, low: int = 1) -> int:
+    """Read an integer layout option (>= low) with a clear error."""
+    if key not in options:
+        return default
+    try:
+        value = int(options[key])
+    except ValueError:
+        value = low - 1
+    if value < low:
+        raise LayoutError(f"layout '{name}': option '{key}': expected an integer >= {low}, got '{options[key]}'")
+    return value
+
+
+def option_bool(options: dict, key: str, default: bool, name: str) -> bool:
+    if key not in options:
+        return default
+    word = options[key].lower()
+    if word not in TRUE_WORDS + FALSE_WORDS:
+        raise LayoutError(f"layout '{name}': option '{key}': expected yes or no, got '{options[key]}'")
+    return word in TRUE_WORDS
+
+
+def option_ints(options: dict, key: str, count: int, default: int, name: str) -> list[int]:
+    """Read a space-separated list of `count` positive integers (a level per agent or food)."""
+    if key not in options:
+        return [default] * count
+    try:
+        values = [int(v) for v in options[key].replace(",", " ").split()]
+    except ValueError:
+        values = []
+    if len(values) != count or min(values) < 1:
+        raise LayoutError(f"layout '{name}': option '{key}': expected {count} integers >= 1, "
+                          f"got '{options[key]}'")
+    return values
+
+
+def offset_words(dr: int, dc: int) -> str:
+    """'2 north 1 east' for a row/column offset; 'here' for (0, 0)."""
+    parts = []
+    if dr:
+        parts.append(f"{abs(dr)} {'north' if dr < 0 else 'south'}")
+    if dc:
+        parts.append(f"{abs(dc)} {'west' if dc < 0 else 'east'}")
+    return " ".join(parts) if parts else "here"
+
+
+# ----------------------------------------------------------------------------- the shared game shape
+
+
+class Game:
+    """Base class: a grid, agents, a step counter, a team return. Subclasses implement the rules.
+
+    Cells are flat integers `r * width + c`; `delta[a]` moves a cell by action `a`.
+    """
+
+    name = "game"
+    legend: dict[str, str] = {}
+    keys: dict[str, str] = {}
+    layouts: dict[str, str] = {}
+    default_layout = ""
+    solo_layouts: tuple[str, ...] = ()  # built-in layouts where one agent can earn the maximum reward
+
+    def __init__(self, layout: str | None = None, seed: int = 0):
+        layout = layout or self.default_layout
+        if layout in self.layouts:
+            self.layout_name, text = layout, self.layouts[layout]
+        elif "\n" in layout:
+            self.layout_name, text = "custom", layout
+        else:
+            try:
+                with open(layout) as f:
+                    self.layout_name, text = layout, f.read()
+            except OSError:
+                raise LayoutError(f"unknown layout '{layout}' for game '{self.name}'; expected one of "
+                                  f"{', '.join(self.layouts)} or a layout file path") from None
+        self.rows, self.options = parse_layout(text, self.legend, self.keys, self.layout_name)
+        self.height, self.width = len(self.rows), len(self.rows[0])
+        w = self.width
+        self.delta = (0, -w, w, -1, 1, 0)
+        self.cells = "".join(self.rows)
+        self.agent_starts = [self.cells.index(str(k + 1)) for k in range(sum(ch.isdigit() for ch in self.cells))]
+        self.n_agents = len(self.agent_starts)
+        self.max_steps = option_int(self.options, "max_steps", self.default_max_steps(), self.layout_name)
+        self.random_starts = option_bool(self.options, "random_starts", False, self.layout_name)
+        self.setup()
+        self.regions = self.start_regions()
+        self.reset(seed)
+
+    # -- to implement per game
+    def default_max_steps(self) -> int:
+        return 100
+
+    def setup(self) -> None:
+        """Parse the static parts of the layout (called once)."""
+
+    def reset_objects(self, rng: np.random.Generator) -> None:
+        """Place the dynamic objects (called by reset)."""
+
+    def step(self, actions: list[int]) -> tuple[float, bool, bool, list]:
+        raise NotImplementedError
+
+    def view(self, agent: int) -> str:
+        raise NotImplementedError
+
+    def render(self) -> str:
+        raise NotImplementedError
+
+    # -- shared
+    def reset(self, seed: int | None = 0) -> None:
+        self.seed = seed
+        self.rng = np.random.default_rng(seed)
+        self.t = 0
+        self.total_reward = 0.0
+        self.done = False
+        self.reset_objects(self.rng)
+        self.pos = list(self.agent_starts)
+        if self.random_starts:
+            # each agent starts on a random free cell of the region its marked start lies in, so layouts
+            # split into rooms (forced_coordination) keep one agent per room
+            taken = self.occupied_cells()
+            for i, start in enumerate(self.agent_starts):
+                free = [c for c in self.regions[start] if c not in taken]
+                self.pos[i] = free[int(self.rng.integers(len(free)))]
+                taken.add(self.pos[i])
+
+    def walkable(self, cell: int) -> bool:
+        """Static walkability (ignoring agents and movable objects), used for start regions."""
+        return self.cells[cell] != "#"
+
+    def start_regions(self) -> dict[int, list[int]]:
+        """For each agent's marked start: the cells reachable from it by static walkability."""
+        regions = {}
+        for start in self.agent_starts:
+            seen, frontier = {start}, [start]
+            while frontier:
+                cell = frontier.pop()
+                r, c = self.rc(cell)
+                for n, ok in ((cell - self.width, r > 0), (cell + self.width, r < self.height - 1),
+                              (cell - 1, c > 0), (cell + 1, c < self.width - 1)):
+                    if ok and n not in seen and self.walkable(n):
+                        seen.add(n)
+                        frontier.append(n)
+            regions[start] = sorted(seen)
+        return regions
+
+    def occupied_cells(self) -> set[int]:
+        """Cells no agent may start on (boxes, food)."""
+        return set()
+
+    @property
+    def max_reward(self) -> float:
+        raise NotImplementedError
+
+    @property
+    def score(self) -> float:
+        """Normalized return in [0, 1]: the fraction of the layout's achievable reward earned so far."""
+        return self.total_reward / self.max_reward
+
+    def rc(self, cell: int) -> tuple[int, int]:
+        return divmod(cell, self.width)
+
+    def relation(self, agent: int, cell: int) -> str:
+        """Where `cell` is from `agent` in words: '2 north 1 east'."""
+        (r0, c0), (r1, c1) = self.rc(self.pos[agent]), self.rc(cell)
+        return offset_words(r1 - r0, c1 - c0)
+
+    def side_of(self, agent: int, cell: int) -> str | None:
+        """'south' if the agent stands directly south of `cell`, etc.; None if not adjacent."""
+        (r0, c0), (r1, c1) = self.rc(self.pos[agent]), self.rc(cell)
+        return {(1, 0): "south", (-1, 0): "north", (0, 1): "east", (0, -1): "west"}.get((r0 - r1, c0 - c1))
+
+    def manhattan(self, a: int, b: int) -> int:
+        (r0, c0), (r1, c1) = self.rc(a), self.rc(b)
+        return abs(r0 - r1) + abs(c0 - c1)
+
+    def partner_word(self, agent: int, other: int) -> str:
+        return "your partner" if self.n_agents == 2 else f"agent {other + 1}"
+
+    def resolve_moves(self, actions: list[int], free) -> list[int]:
+        """Target cells of each agent after the shared movement rule; `free(cell)` says a cell is walkable now."""
+        pos = self.pos
+        targets = list(pos)
+        for i, a in enumerate(actions):
+            if 1 <= a <= 4:
+                cell = pos[i] + self.delta[a]
+                if free(cell) and cell not in pos:
+                    targets[i] = cell
+        if self.n_agents > 1:
+            for i in range(self.n_agents):
+                if targets[i] != pos[i] and targets.count(targets[i]) > 1:
+                    clash = targets[i]
+                    for j in range(self.n_agents):
+                        if targets[j] == clash:
+                            targets[j] = pos[j]
+        return targets
+
+    def grid_chars(self) -> list[str]:
+        """The static map with dynamic objects removed (each game draws its own objects)."""
+        return [("." if ch.isdigit() else ch) for ch in self.cells]
+
+    def frame(self, chars: list[str], status: str) -> str:
+        w = self.width
+        lines = ["".join(chars[r * w:(r + 1) * w]) for r in range(self.height)]
+        return "\n".join(lines + [status])
+
+    def finish_step(self, reward: float, all_done: bool) -> tuple[float, bool, bool]:
+        self.t += 1
+        self.total_reward += reward
+        terminated = all_done
+        truncated = not terminated and self.t >= self.max_steps
+        self.done = terminated or truncated
+        return reward, terminated, truncated
+
+
+def in_words(n: int, word: str) -> str:
+    return f"{n} {word}" + ("" if n == 1 else "s")
+
+
+# ----------------------------------------------------------------------------- coop_push
+
+
+class CoopPush(Game):
+    """Cooperative box pushing (Seuken & Zilberstein 2007; macro-action version of Amato et al.).
+
+    Map: '#' wall, '.' floor, 'g' goal cell, 'b' small box, 'HH' heavy box (1x2, horizontal), digits agents.
+    Actions: stay, north, south, west, east (interact = stay).
+    Rules: an agent that moves into a box pushes it one cell if the cells beyond are free (floor or goal,
+    no box, no agent). A small box moves when its pushers agree on one direction; the heavy box moves only
+    when at least two agents push it in the same direction in the same step (and nobody pushes it another
+    way). Pushers of a moved box step into the cell it left; otherwise they stay.
+    Reward: a box whose cells all lie on goal cells is delivered and removed: small 10, heavy 100
+    (the classic benchmark's values). Terminated when every box is delivered; truncated at max_steps.
+    Events: ('box_toward_goal', pushers, box) when a push brings the box closer to the goal,
+    ('box_delivered', pushers, box), and ('joint_push', pushers, box) when the heavy box moves.
+    """
+
+    name = "coop_push"
+    legend = {"#": "wall", ".": "floor", "g": "goal", "b": "small box", "H": "heavy box half",
+              **{str(k): f"agent {k}" for k in range(1, 10)}}
+    keys = {"max_steps": "an integer >= 1", "random_starts": "yes or no"}
+    SMALL, HEAVY = 10.0, 100.0
+    layouts = {
+        # the classic benchmark: two small boxes and one heavy box; the maximum needs both agents
+        "classic": "#########\n#ggggggg#\n#.......#\n#.b.HH.b#\n#.......#\n#.......#\n#1.....2#\n#########\n"
+                   "max_steps: 60\nrandom_starts: yes\n",
+        # small boxes only: one agent can earn the maximum alone
+        "small_boxes": "#######\n#ggggg#\n#.....#\n#.b.b.#\n#.....#\n#1...2#\n#######\n"
+                       "max_steps: 50\nrandom_starts: yes\n",
+        # the heavy box only: no single agent can earn anything
+        "heavy_only": "#######\n#ggggg#\n#.....#\n#..HH.#\n#.....#\n#1...2#\n#######\n"
+                      "max_steps: 50\nrandom_starts: yes\n",
+    }
+    default_layout = "classic"
+    solo_layouts = ("small_boxes",)
+
+    def setup(self) -> None:
+        cells = self.cells
+        self.wall = [ch == "#" for ch in cells]
+        self.goal = [ch == "g" for ch in cells]
+        self.box_starts: list[tuple[int, ...]] = []
+        self.box_heavy: list[bool] = []
+        c = 0
+        while c < len(cells):
+            ch = cells[c]
+            if ch == "b":
+                self.box_starts.append((c,))
+                self.box_heavy.append(False)
+            elif ch == "H":
+                if c % self.width == self.width - 1 or cells[c + 1] != "H":
+                    r, col = self.rc(c)
+                    raise LayoutError(f"layout '{self.layout_name}': line {r + 1} column {col + 1}: "
+                                      "expected 'HH' (a heavy box is two cells wide)")
+                self.box_starts.append((c, c + 1))
+                self.box_heavy.append(True)
+                c += 1
+            c += 1
+        if not self.box_starts:
+            raise LayoutError(f"layout '{self.layout_name}': line 1 column 1: expected at least one box ('b' or 'HH')")
+        if not any(self.goal):
+            raise LayoutError(f"layout '{self.layout_name}': line 1 column 1: expected at least one goal cell 'g'")
+        for cell, ch in enumerate(cells):
+            r, col = self.rc(cell)
+            edge = r in (0, self.height - 1) or col in (0, self.width - 1)
+            if edge and ch != "#":
+                raise LayoutError(f"layout '{self.layout_name}': line {r + 1} column {col + 1}: expected '#' "
+                                  "(the map must be enclosed by walls)")
+        # Manhattan distance of each cell to the nearest goal cell: "toward the goal" means it shrinks
+        goals = [self.rc(g) for g in range(len(cells)) if self.goal[g]]
+        self.goal_dist = [min(abs(r - gr) + abs(c - gc) for gr, gc in goals)
+                          for r, c in (self.rc(k) for k in range(len(cells)))]
+        self.box_value = [self.HEAVY if h else self.SMALL for h in self.box_heavy]
+
+    def default_max_steps(self) -> int:
+        return 60
+
+    def reset_objects(self, rng: np.random.Generator) -> None:
+        self.boxes = [tuple(b) for b in self.box_starts]  # cells of each box
+        self.delivered = [False] * len(self.boxes)
+        self.box_at = {c: k for k, b in enumerate(self.boxes) for c in b}
+
+    def occupied_cells(self) -> set[int]:
+        return set(self.box_at) | {c for c in range(len(self.cells)) if self.goal[c]}
+
+    @property
+    def max_reward(self) -> float:
+        return sum(self.box_value)
+
+    def box_distance(self, k: int) -> int:
+        return min(self.goal_dist[c] for c in self.boxes[k])
+
+    def step(self, actions: list[int]) -> tuple[float, bool, bool, list]:
+        pos, delta, box_at, wall = self.pos, self.delta, self.box_at, self.wall
+        events: list = []
+        reward = 0.0
+        # phase 1: who pushes which box in which direction
+        pushes: dict[int, list[tuple[int, int]]] = {}
+        for i, a in enumerate(actions):
+            if 1 <= a <= 4:
+                k = box_at.get(pos[i] + delta[a])
+                if k is not None:
+                    pushes.setdefault(k, []).append((i, a))
+        # phase 2: boxes move when their pushers agree and the cells beyond are free
+        moved_pushers: set[int] = set()
+        for k, pushers in pushes.items():
+            a = pushers[0][1]
+            if any(p[1] != a for p in pushers) or (self.box_heavy[k] and len(pushers) < 2):
+                continue
+            old = self.boxes[k]
+            new = tuple(c + delta[a] for c in old)
+            if any(wall[c] or (c in box_at and box_at[c] != k) or c in pos for c in new):
+                continue
+            before = self.box_distance(k)
+            for c in old:
+                del box_at[c]
+            self.boxes[k] = new
+            for c in new:
+                box_at[c] = k
+            agents = tuple(sorted(p[0] for p in pushers))
+            moved_pushers.update(agents)
+            if self.box_heavy[k]:
+                events.append(("joint_push", agents, k))
+            if self.box_distance(k) < before:
+                events.append(("box_toward_goal", agents, k))
+            if all(self.goal[c] for c in new):
+                self.delivered[k] = True
+                for c in new:
+                    del box_at[c]
+                reward += self.box_value[k]
+                events.append(("box_delivered", agents, k))
+        # phase 3: movement. Pushers of a moved box step into the cell it left; an agent walking into a
+        # box that did not move, or into a cell a box or a pusher just entered, stays.
+        old_pos = list(pos)
+        pusher_cells = {pos[i] + delta[actions[i]] for i in moved_pushers}
+        moves = [0 if i in moved_pushers else a for i, a in enumerate(actions)]
+        targets = self.resolve_moves(moves, lambda c: not wall[c] and c not in box_at and c not in pusher_cells)
+        for i in range(self.n_agents):
+            pos[i] = old_pos[i] + delta[actions[i]] if i in moved_pushers else targets[i]
+        r, term, trunc = self.finish_step(reward, all(self.delivered))
+        return r, term, trunc, events
+
+    def view(self, agent: int) -> str:
+        """Relations in words, one line per object (what a small LLM can use; see design.md)."""
+        lines = [f"You are agent {agent + 1}."]
+        for j in range(self.n_agents):
+            if j != agent:
+                lines.append(f"{self.partner_word(agent, j).capitalize()}: {self.relation(agent, self.pos[j])}.")
+        for k, cells in enumerate(self.boxes):
+            kind = "heavy, needs 2 pushers" if self.box_heavy[k] else "small"
+            if self.delivered[k]:
+                lines.append(f"Box {k + 1} ({kind}): delivered.")
+                continue
+            near = min(cells, key=lambda c: (self.manhattan(self.pos[agent], c), c))
+            rel = self.relation(agent, near)
+            side = next((self.side_of(agent, c) for c in cells if self.side_of(agent, c)), None)
+            where = f"; you are directly {side} of it" if side else ""
+            lines.append(f"Box {k + 1} ({kind}): {rel} of you, {in_words(self.box_distance(k), 'row')} "
+                         f"from the goal{where}.")
+        return "\n".join(lines)
+
+    def render(self) -> str:
+        chars = ["." if ch in "bH123456789" else ch for ch in self.cells]
+        for k, cells in enumerate(self.boxes):
+            if not self.delivered[k]:
+                for c in cells:
+                    chars[c] = "H" if self.box_heavy[k] else "b"
+        for i, p in enumerate(self.pos):
+            chars[p] = str(i + 1)
+        status = f"t={self.t} reward={self.total_reward:g} score={self.score:.2f}"
+        return self.frame(chars, status)
+
+
+# ----------------------------------------------------------------------------- forage
+
+
+class Forage(Game):
+    """Level-based foraging (Albrecht & Ramamoorthy 2013), following the lb-foraging v2 rules.
+
+    Map: '.' floor, '#' wall, 'f' food, digits agents. Options: `agent_levels`, `food_levels` (one per 'f',
+    in reading order), `random_food` (spawn the food at random cells, lb-foraging style: off the border,
+    not next to other food), `random_starts`, `max_steps`.
+    Actions: none, north, south, west, east, load.
+    Rules (in phases, like lb-foraging's step): a move is valid if its target is inside the grid, not a wall,
+    holds no food and no agent; two or more agents moving into one cell all stay; then every food item
+    adjacent (4-neighbourhood) to agents choosing `load` is collected if those agents' levels sum to at
+    least its level.
+    Reward (team): a collected food is worth its level / the sum of all food levels, so collecting all food
+    is worth 1.0. Terminated when all food is collected; truncated at max_steps (lb-foraging's 50).
+    Events: ('food_loaded', loaders, food), plus ('joint_load', loaders, food) when two or more loaded it.
+    """
+
+    name = "forage"
+    legend = {".": "floor", "#": "wall", "f": "food", **{str(k): f"agent {k}" for k in range(1, 10)}}
+    keys = {"max_steps": "an integer >= 1", "random_starts": "yes or no", "random_food": "yes or no",
+            "agent_levels": "one integer >= 1 per agent", "food_levels": "one integer >= 1 per 'f'"}
+    layouts = {
+        # lb-foraging 8x8, 2 agents, 2 food; the level-3 food needs both agents
+        "8x8_2p_2f": "........\n..f.....\n........\n........\n.....f..\n........\n.1......\n......2.\n"
+                     "agent_levels: 1 2\nfood_levels: 2 3\nrandom_food: yes\nrandom_starts: yes\nmax_steps: 50\n",
+        # one agent (level 2) can collect every food alone
+        "8x8_solo": "........\n..f.....\n........\n......f.\n........\n...f....\n.1......\n......2.\n"
+                    "agent_levels: 2 1\nfood_levels: 1 2 2\nrandom_food: yes\nrandom_starts: yes\nmax_steps: 50\n",
+        # every food is above each agent's level (lb-foraging's -coop): only joint loads collect anything
+        "8x8_coop": "........\n..f.....\n........\n........\n.....f..\n........\n.1......\n......2.\n"
+                    "agent_levels: 1 1\nfood_levels: 2 2\nrandom_food: yes\nrandom_starts: yes\nmax_steps: 50\n",
+    }
+    default_layout = "8x8_2p_2f"
+    solo_layouts = ("8x8_solo",)
+
+    def default_max_steps(self) -> int:
+        return 50
+
+    def setup(self) -> None:
+        self.wall = [ch == "#" for ch in self.cells]
+        self.food_starts = [c for c, ch in enumerate(self.cells) if ch == "f"]
+        if not self.food_starts:
+            raise LayoutError(f"layout '{self.layout_name}': line 1 column 1: expected at least one food 'f'")
+        self.agent_levels = option_ints(self.options, "agent_levels", self.n_agents, 1, self.layout_name)
+        self.food_levels = option_ints(self.options, "food_levels", len(self.food_starts), 1, self.layout_name)
+        self.random_food = option_bool(self.options, "random_food", False, self.layout_name)
+        self.total_food_level = float(sum(self.food_levels))
+        w, h = self.width, self.height
+        # neighbours inside the grid (no wrap-around), used for adjacency and loading
+        self.neighbours = []
+        for c in range(w * h):
+            r, col = divmod(c, w)
+            self.neighbours.append(tuple(n for n, ok in ((c - w, r > 0), (c + w, r < h - 1),
+                                                        (c - 1, col > 0), (c + 1, col < w - 1)) if ok))
+
+    def reset_objects(self, rng: np.random.Generator) -> None:
+        if self.random_food:
+            w, h = self.width, self.height
+            food: list[int] = []
+            candidates = [c for c in range(w * h) if not self.wall[c] and 0 < c // w < h - 1 and 0 < c % w < w - 1]
+            for _ in self.food_starts:
+                ok = [c for c in candidates if c not in food and not any(n in food for n in self.neighbours[c])]
+                food.append(ok[int(rng.integers(len(ok)))])
+            self.food = food
+        else:
+            self.food = list(self.food_starts)
+        self.collected = [False] * len(self.food)
+        self.food_at = {c: k for k, c in enumerate(self.food)}
+
+    def occupied_cells(self) -> set[int]:
+        return set(self.food_at)
+
+    @property
+    def max_reward(self) -> float:
+        return 1.0
+
+    def in_grid_move(self, cell: int, action: int) -> int:
+        """The target of a move, or -1 when it would leave the grid."""
+        w = self.width
+        r, c = divmod(cell, w)
+        if (action == 1 and r == 0) or (action == 2 and r == self.height - 1) or \
+                (action == 3 and c == 0) or (action == 4 and c == w - 1):
+            return -1
+        return cell + self.delta[action]
+
+    def step(self, actions: list[int]) -> tuple[float, bool, bool, list]:
+        events: list = []
+        # phase 1: validate moves (inside the grid; the free-cell test is in resolve_moves)
+        moves = [a if (1 <= a <= 4 and self.in_grid_move(self.pos[i], a) >= 0) else 0 for i, a in enumerate(actions)]
+        # phase 2: collisions and movement
+        targets = self.resolve_moves(moves, lambda c: not self.wall[c] and c not in self.food_at)
+        loaders = [i for i, a in enumerate(actions) if a == 5]
+        self.pos = targets
+        # phase 3: loads (positions after movement, as in lb-foraging where load and move resolve together)
+        reward = 0.0
+        if loaders:
+            by_food: dict[int, list[int]] = {}
+            for i in loaders:
+                for n in self.neighbours[self.pos[i]]:
+                    k = self.food_at.get(n)
+                    if k is not None:
+                        by_food.setdefault(k, []).append(i)
+            for k in sorted(by_food):
+                team = tuple(sorted(set(by_food[k])))
+                if sum(self.agent_levels[i] for i in team) >= self.food_levels[k]:
+                    self.collected[k] = True
+                    del self.food_at[self.food[k]]
+                    reward += self.food_levels[k] / self.total_food_level
+                    events.append(("food_loaded", team, k))
+                    if len(team) > 1:
+                        events.append(("joint_load", team, k))
+        r, term, trunc = self.finish_step(reward, all(self.collected))
+        return r, term, trunc, events
+
+    def adjacent(self, cell: int, other: int) -> bool:
+        return other in self.neighbours[cell]
+
+    def view(self, agent: int) -> str:
+        lines = [f"You are agent {agent + 1}, level {self.agent_levels[agent]}."]
+        for j in range(self.n_agents):
+            if j != agent:
+                lines.append(f"{self.partner_word(agent, j).capitalize()} (level {self.agent_levels[j]}): "
+                             f"{self.relation(agent, self.pos[j])}.")
+        for k, cell in enumerate(self.food):
+            if self.collected[k]:
+                lines.append(f"Food {k + 1} (level {self.food_levels[k]}): collected.")
+                continue
+            near = []
+            if self.adjacent(self.pos[agent], cell):
+                near.append(f"you are directly {self.side_of(agent, cell)} of it")
+            for j in range(self.n_agents):
+                if j != agent and self.adjacent(self.pos[j], cell):
+                    near.append(f"{self.partner_word(agent, j)} is next to it")
+            lines.append(f"Food {k + 1} (level {self.food_levels[k]}): {self.relation(agent, cell)} of you"
+                         + ("; " + "; ".join(near) if near else "") + ".")
+        return "\n".join(lines)
+
+    def render(self) -> str:
+        chars = self.grid_chars()
+        chars = ["." if ch == "f" else ch for ch in chars]
+        for k, cell in enumerate(self.food):
+            if not self.collected[k]:
+                chars[cell] = "f"
+        for i, p in enumerate(self.pos):
+            chars[p] = str(i + 1)
+        food = " ".join(f"f{k + 1}=L{lv}" for k, lv in enumerate(self.food_levels))
+        agents = " ".join(f"{i + 1}=L{lv}" for i, lv in enumerate(self.agent_levels))
+        return self.frame(chars, f"t={self.t} score={self.score:.2f} agents {agents} food {food}")
+
+
+# ----------------------------------------------------------------------------- kitchen
+
+
+class Kitchen(Game):
+    """Overcooked-style onion soup (Carroll et al. 2019).
+
+    Map: ' ' floor, 'X' counter, 'O' onion dispenser, 'D' dish dispenser, 'P' pot, 'S' serving window,
+    digits agents. Options: `orders` (soups to serve), `cook_time`, `max_steps`, `random_starts`.
+    Actions: stay, north, south, west, east, interact. A move turns the agent to face that way and steps
+    if the target is free floor (otherwise it only turns); interact acts on the faced cell.
+    Rules: agents carry one item. Interact: at a dispenser with empty hands, take an onion or a dish; at a
+    pot holding an onion, add it (3 onions start cooking, done after cook_time steps); at a pot with a dish
+    when the soup is done, take the soup; at the window with soup, serve it; at a counter, put the held
+    item down or pick its item up. Agents interact in index order.
+    Reward: 20 per served soup (as in Overcooked-AI). Terminated when `orders` soups are served; truncated
+    at max_steps. Events: ('onion_in_pot', (i,), pot), ('soup_plated', (i,), pot), ('soup_served', (i,), 0),
+    ('counter_place', (i,), cell), ('counter_take', (i,), cell), and ('handoff', (placer, taker), cell)
+    when an agent takes an item another agent put down.
+    """
+
+    name = "kitchen"
+    legend = {" ": "floor", ".": "floor", "X": "counter", "O": "onion dispenser", "D": "dish dispenser",
+              "P": "pot", "S": "serving window", **{str(k): f"agent {k}" for k in range(1, 10)}}
+    keys = {"max_steps": "an integer >= 1", "random_starts": "yes or no", "orders": "an integer >= 1",
+            "cook_time": "an integer >= 1"}
+    SOUP = 20.0
+    layouts = {
+        # after Overcooked-AI's cramped_room: one agent can do everything alone
+        "cramped_room": "XXPXX\nO  2O\nX1  X\nXDXSX\norders: 2\ncook_time: 5\nmax_steps: 100\nrandom_starts: yes\n",
+        # after asymmetric_advantages: each side has its own dispensers and window, the pots are shared
+        "asymmetric_advantages": "XXXXXXXXX\nO XSXOX S\nX   P 2 X\nX1  P   X\nXXXDXDXXX\n"
+                                 "orders: 2\ncook_time: 5\nmax_steps: 100\nrandom_starts: yes\n",
+        # after forced_coordination: onions and dishes on the left, pots and window on the right;
+        # everything must be handed over the middle counters, so no single agent can serve a soup
+        "forced_coordination": "XXXPX\nO X2P\nO1X X\nD X X\nXXXSX\norders: 2\ncook_time: 5\nmax_steps: 150\n"
+                               "random_starts: yes\n",
+    }
+    default_layout = "cramped_room"
+    solo_layouts = ("cramped_room", "asymmetric_advantages")
+    ITEMS = ("onion", "dish", "soup")
+
+    def default_max_steps(self) -> int:
+        return 100
+
+    def setup(self) -> None:
+        cells = self.cells
+        self.floor = [ch in " .123456789" for ch in cells]
+        self.counters = [c for c, ch in enumerate(cells) if ch == "X"]
+        self.pots = [c for c, ch in enumerate(cells) if ch == "P"]
+        self.onion_dispensers = [c for c, ch in enumerate(cells) if ch == "O"]
+        self.dish_dispensers = [c for c, ch in enumerate(cells) if ch == "D"]
+        self.windows = [c for c, ch in enumerate(cells) if ch == "S"]
+        for what, found in (("pot 'P'", self.pots), ("onion dispenser 'O'", self.onion_dispensers),
+                            ("dish dispenser 'D'", self.dish_dispensers), ("serving window 'S'", self.windows)):
+            if not found:
+                raise LayoutError(f"layout '{self.layout_name}': line 1 column 1: expected at least one {what}")
+        for cell, ch in enumerate(cells):
+            r, col = self.rc(cell)
+            if self.floor[cell] and (r in (0, self.height - 1) or col in (0, self.width - 1)):
+                raise LayoutError(f"layout '{self.layout_name}': line {r + 1} column {col + 1}: expected a "
+                                  "counter or station (floor may not touch the edge of the map)")
+        self.orders = option_int(self.options, "orders", 1, self.layout_name)
+        self.cook_time = option_int(self.options, "cook_time", 5, self.layout_name)
+        self.pot_index = {c: k for k, c in enumerate(self.pots)}
+
+    def reset_objects(self, rng: np.random.Generator) -> None:
+        self.held: list[str | None] = [None] * self.n_agents
+        self.facing = [1] * self.n_agents  # action index of the faced direction
+        self.on_counter: dict[int, tuple[str, int]] = {}  # counter cell -> (item, who put it there)
+        self.pot_onions = [0] * len(self.pots)
+        self.pot_timer = [0] * len(self.pots)  # steps left while cooking
+        self.served = 0
+
+    def walkable(self, cell: int) -> bool:
+        return self.cells[cell] in " .123456789"
+
+    @property
+    def max_reward(self) -> float:
+        return self.SOUP * self.orders
+
+    def pot_state(self, k: int) -> str:
+        """'empty', '2 onions', 'cooking', 'ready'."""
+        n = self.pot_onions[k]
+        if n < 3:
+            return "empty" if n == 0 else in_words(n, "onion")
+        return "cooking" if self.pot_timer[k] > 0 else "ready"
+
+    def step(self, actions: list[int]) -> tuple[float, bool, bool, list]:
+        events: list = []
+        reward = 0.0
+        # phase 1: cooking advances
+        for k in range(len(self.pots)):
+            if self.pot_onions[k] == 3 and self.pot_timer[k] > 0:
+                self.pot_timer[k] -= 1
+        # phase 2: movement (a move always turns the agent)
+        for i, a in enumerate(actions):
+            if 1 <= a <= 4:
+                self.facing[i] = a
+        self.pos = self.resolve_moves(actions, lambda c: self.floor[c])
+        # phase 3: interactions, in agent order
+        for i, a in enumerate(actions):
+            if a != 5:
+                continue
+            cell = self.pos[i] + self.delta[self.facing[i]]
+            ch, held = self.cells[cell], self.held[i]
+            if ch == "O" and held is None:
+                self.held[i] = "onion"
+            elif ch == "D" and held is None:
+                self.held[i] = "dish"
+            elif ch == "P":
+                k = self.pot_index[cell]
+                if held == "onion" and self.pot_onions[k] < 3:
+                    self.held[i] = None
+                    self.pot_onions[k] += 1
+                    if self.pot_onions[k] == 3:
+                        self.pot_timer[k] = self.cook_time
+                    events.append(("onion_in_pot", (i,), k))
+                elif held == "dish" and self.pot_onions[k] == 3 and self.pot_timer[k] == 0:
+                    self.held[i] = "soup"
+                    self.pot_onions[k] = 0
+                    events.append(("soup_plated", (i,), k))
+            elif ch == "S" and held == "soup":
+                self.held[i] = None
+                self.served += 1
+                reward += self.SOUP
+                events.append(("soup_served", (i,), 0))
+            elif ch == "X":
+                if held is not None and cell not in self.on_counter:
+                    self.on_counter[cell] = (held, i)
+                    self.held[i] = None
+                    events.append(("counter_place", (i,), cell))
+                elif held is None and cell in self.on_counter:
+                    item, placer = self.on_counter.pop(cell)
+                    self.held[i] = item
+                    events.append(("counter_take", (i,), cell))
+                    if placer != i:
+                        events.append(("handoff", (placer, i), cell))
+        r, term, trunc = self.finish_step(reward, self.served >= self.orders)
+        return r, term, trunc, events
+
+    def nearest(self, agent: int, cells: list[int]) -> int:
+        r0, c0 = self.rc(self.pos[agent])
+        return min(cells, key=lambda c: (abs(self.rc(c)[0] - r0) + abs(self.rc(c)[1] - c0), c))
+
+    def view(self, agent: int) -> str:
+        def hold(i: int) -> str:
+            return f"holding {self.held[i]}" if self.held[i] else "empty-handed"
+
+        lines = [f"You are agent {agent + 1}, {hold(agent)}, soups served {self.served}/{self.orders}."]
+        for j in range(self.n_agents):
+            if j != agent:
+                lines.append(f"{self.partner_word(agent, j).capitalize()}: {self.relation(agent, self.pos[j])}, {hold(j)}.")
+        for label, cells in (("Onions", self.onion_dispensers), ("Dishes", self.dish_dispensers),
+                             ("Window", self.windows)):
+            c = self.nearest(agent, cells)
+            lines.append(f"{label}: {self.relation(agent, c)} of you.")
+        for k, c in enumerate(self.pots):
+            state = self.pot_state(k)
+            if state == "cooking":
+                state = f"cooking, {in_words(self.pot_timer[k], 'step')} left"
+            lines.append(f"Pot {k + 1}: {state}, {self.relation(agent, c)} of you.")
+        for c, (item, _) in sorted(self.on_counter.items()):
+            lines.append(f"Counter: {item}, {self.relation(agent, c)} of you.")
+        return "\n".join(lines)
+
+    def render(self) -> str:
+        chars = [" " if ch.isdigit() or ch == "." else ch for ch in self.cells]
+        for c, (item, _) in self.on_counter.items():
+            chars[c] = item[0]
+        for k, c in enumerate(self.pots):
+            n = self.pot_onions[k]
+            chars[c] = "P" if n < 3 else ("R" if self.pot_timer[k] == 0 else "C")  # filling, cooking, ready
+        for i, p in enumerate(self.pos):
+            chars[p] = str(i + 1)
+        held = " ".join(f"{i + 1}:{h or '-'}" for i, h in enumerate(self.held))
+        pots = " ".join(f"pot{k + 1}:{self.pot_state(k)}" for k in range(len(self.pots)))
+        return self.frame(chars, f"t={self.t} served={self.served}/{self.orders} score={self.score:.2f} "
+                                 f"held {held} {pots}")
+
+
+GAMES: dict[str, type[Game]] = {"coop_push": CoopPush, "forage": Forage, "kitchen": Kitchen}
+
+
+def make_game(name: str, layout: str | None = None, seed: int = 0) -> Game:
+    """Build a game by name; an unknown name raises ValueError listing the accepted ones."""
+    if name not in GAMES:
+        raise ValueError(f"unknown game '{name}'; expected one of {', '.join(GAMES)}")
+    return GAMES[name](layout, seed)
+
+
+if __name__ == "__main__":
+    import argparse
+    import sys
+
+    parser = argparse.ArgumentParser(description="Show a game played by its scripted team (see options.py).")
+    parser.add_argument("--game", default="coop_push")
+    parser.add_argument("--layout", default=None)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--team", default="coop", choices=["coop", "solo", "random"])
+    parser.add_argument("--show", action="store_true", help="print every frame")
+    cli = parser.parse_args()
+    try:
+        import options
+
+        game = make_game(cli.game, cli.layout, cli.seed)
+        result = options.play_scripted(game, cli.team, cli.seed, show=cli.show)
+    except (ValueError, OSError) as e:
+        sys.exit(f"error: {e}")
+    print(f"{cli.game}/{game.layout_name} team={cli.team} seed={cli.seed}: reward {result.total_reward:g}, "
+          f"score {result.score:.2f}, steps {result.steps}")

@@ -1,0 +1,665 @@
+"""Symbolic options per game, grounding, and the asynchronous macro-action runner.
+
+Options (Sutton, Precup & Singh 1999) are typed, short-horizon behaviours executed by the BFS planner:
+`push(box, direction)`, `load(food)`, `put_onion(pot)`, ... Each has a canonical one-line text, a horizon
+(a timeout in primitive steps) and a termination test that reports success or failure with a reason.
+`Library.ground` enumerates every type-correct option for an agent; nothing here checks feasibility
+beyond what execution itself discovers: which options are worth showing is learned by guards.py.
+
+The `Runner` executes options asynchronously, as in macro-action Dec-POMDPs (Amato et al. 2014/2019):
+each agent runs its own option; when it terminates only that agent is asked for its next one while the
+others keep going. It records every execution (agent, option, start step, duration, outcome, reason) and
+every attributed event. `PrimitiveLibrary` turns the six primitive actions into one-step options so the
+same runner and policy run on low-level actions.
+
+Reference teams: `scripted_choice` (a cooperative heuristic over options; `solo=True`: one agent works,
+the others wait) and `random_choice` (uniform over the menu). Run `python envs.py --game forage --show`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from envs import ACTIONS, DIRECTIONS, Game
+from planner import adjacent_cells, distances, neighbours, step_toward
+
+WAIT_STEPS = 3  # a wait option idles this many primitive steps
+
+
+@dataclass(frozen=True, order=True)
+class Option:
+    kind: str  # the option type, e.g. "push"
+    args: tuple  # its arguments, e.g. (1, "north")
+    text: str  # canonical text, e.g. "push box 2 north"
+    horizon: int  # timeout in primitive steps
+
+
+@dataclass
+class Execution:
+    agent: int
+    option: Option
+    start: int  # primitive step at which it started
+    duration: int = 0
+    success: bool | None = None  # None: still running when the episode ended
+    reason: str = ""
+    facts: dict | None = None  # facts that held when it started (guards.py burn-in only)
+
+
+class Library:
+    """The option library of one game. Subclasses implement grounding, execution and the fact vocabulary."""
+
+    kinds: tuple[str, ...] = ()
+
+    def ground(self, game: Game, agent: int) -> list[Option]:
+        raise NotImplementedError
+
+    def act(self, game: Game, agent: int, option: Option, memory: dict) -> int:
+        """The primitive action this step; `memory` is the execution's private scratch dict."""
+        raise NotImplementedError
+
+    def outcome(self, game: Game, agent: int, option: Option, memory: dict, events: list) -> tuple | None:
+        """After a step: (success, reason) if the option terminated, else None."""
+        raise NotImplementedError
+
+    def facts(self, game: Game, agent: int, option: Option) -> dict[str, bool]:
+        """Boolean facts about self, partner and each argument (names by role: 'arg0.heavy')."""
+        return {}
+
+    def describe(self, game: Game, agent: int, option: Option) -> str:
+        """Menu text shown to the policy (may add the step distance: 'goto box 2 (3 steps)')."""
+        return option.text
+
+    def scripted(self, game: Game, runner: Runner, agent: int, menu: list[Option], solo: bool) -> Option:
+        raise NotImplementedError
+
+    # helpers shared by the libraries
+    @staticmethod
+    def wait() -> Option:
+        return Option("wait", (), "wait", WAIT_STEPS)
+
+    @staticmethod
+    def wait_action(game: Game, agent: int, passable) -> int:
+        """Idle, but step aside when standing next to the partner, so a waiting agent never blocks
+        the only way to a box, food or station."""
+        pos, others = game.pos[agent], partner_cells(game, agent)
+        if not any(game.manhattan(pos, p) == 1 for p in others):
+            return 0
+        best, far = 0, min(game.manhattan(pos, p) for p in others)
+        for a, n in neighbours(pos, game.width, game.height):
+            d = min(game.manhattan(n, p) for p in others)
+            if passable(n) and n not in others and d > far:
+                best, far = a, d
+        return best
+
+    @staticmethod
+    def waited(memory: dict) -> tuple | None:
+        memory["steps"] = memory.get("steps", 0) + 1
+        return (True, "waited") if memory["steps"] >= WAIT_STEPS else None
+
+    @staticmethod
+    def pick(menu: list[Option], kind: str, *args) -> Option:
+        """The menu entry (kind, args), or wait if it is not on the menu."""
+        for o in menu:
+            if o.kind == kind and o.args == tuple(args):
+                return o
+        return next((o for o in menu if o.kind == "wait"), menu[-1])
+
+    @staticmethod
+    def mine(events: list, kind: str, agent: int, obj=None) -> bool:
+        return any(e[0] == kind and agent in e[1] and (obj is None or e[2] == obj) for e in events)
+
+
+def partner_cells(game: Game, agent: int) -> list[int]:
+    return [p for j, p in enumerate(game.pos) if j != agent]
+
+
+def navigate(game: Game, agent: int, targets: list[int], passable, memory: dict) -> int | None:
+    """Next action toward the nearest target, going around the partner; if only the partner blocks
+    the way, step toward it anyway (it may move). None: no target is reachable at all.
+
+    Two agents stepping into the same cell both stay, and deterministic planners would repeat that
+    forever, so after a failed move every agent but the lowest-indexed one yields for one step."""
+    pos, others = game.pos[agent], partner_cells(game, agent)
+    last = memory.get("last_move")
+    if last is not None and last == pos and not memory.pop("yielded", False) and agent > 0:
+        memory["yielded"] = True
+        memory["last_move"] = None
+        return 0
+    goals = [c for c in targets if c not in others] or targets
+    action = step_toward(pos, goals, passable, game.width, game.height, others)
+    if action is None:
+        action = step_toward(pos, targets, passable, game.width, game.height)
+    memory["last_move"] = pos if action else None
+    return action
+
+
+# ----------------------------------------------------------------------------- coop_push
+
+
+class PushOptions(Library):
+    """goto_box(b): walk next to box b. push(b, d): walk to the side opposite d and push until the box
+    moves one cell (a heavy box waits there for the partner). wait()."""
+
+    kinds = ("goto_box", "push", "wait")
+
+    def free(self, game, cell: int) -> bool:
+        return not game.wall[cell] and cell not in game.box_at
+
+    def ground(self, game, agent):
+        menu = []
+        for k in range(len(game.boxes)):
+            menu.append(Option("goto_box", (k,), f"goto box {k + 1}", 15))
+            menu += [Option("push", (k, d), f"push box {k + 1} {d}", 15) for d in DIRECTIONS]
+        return menu + [self.wait()]
+
+    def behind(self, game, k: int, d: str) -> list[int]:
+        """Cells an agent must stand on to push box k in direction d."""
+        step = game.delta[DIRECTIONS.index(d) + 1]
+        return [c - step for c in game.boxes[k] if c - step not in game.boxes[k]]
+
+    def beyond(self, game, k: int, d: str) -> list[int]:
+        step = game.delta[DIRECTIONS.index(d) + 1]
+        return [c + step for c in game.boxes[k] if c + step not in game.boxes[k]]
+
+    def act(self, game, agent, option, memory):
+        if option.kind == "wait":
+            return self.wait_action(game, agent, lambda c: self.free(game, c))
+        pos, k = game.pos[agent], option.args[0]
+        if game.delivered[k]:
+            return 0
+        if option.kind == "goto_box":
+            targets = [c for box_cell in game.boxes[k] for c in adjacent_cells(box_cell, game.width, game.height)]
+        else:
+            d = option.args[1]
+            if pos in self.behind(game, k, d):
+                memory["pushed"] = True
+                return DIRECTIONS.index(d) + 1
+            targets = self.behind(game, k, d)
+        action = navigate(game, agent, [c for c in targets if self.free(game, c)], lambda c: self.free(game, c), memory)
+        memory["stuck"] = action is None
+        return action or 0
+
+    def outcome(self, game, agent, option, memory, events):
+        if option.kind == "wait":
+            return self.waited(memory)
+        k = option.args[0]
+        if option.kind == "push" and any(e[0] in ("box_toward_goal", "box_delivered", "joint_push") and e[2] == k
+                                         and agent in e[1] for e in events):
+            return True, "box moved"
+        if game.delivered[k]:
+            return False, "box already delivered"
+        if option.kind == "goto_box" and any(game.manhattan(game.pos[agent], c) == 1 for c in game.boxes[k]):
+            return True, "next to the box"
+        if memory.get("stuck"):
+            return False, "no path"
+        if option.kind == "push" and memory.pop("pushed", False):
+            # a small box that did not move is blocked; a heavy box may still be waiting for the partner
+            if not game.box_heavy[k] or any(not self.free(game, c) for c in self.beyond(game, k, option.args[1])):
+                return False, "box did not move"
+        return None
+
+    def facts(self, game, agent, option):
+        me, others = game.pos[agent], partner_cells(game, agent)
+        reach = distances(me, lambda c: self.free(game, c), game.width, game.height)
+        f = {"self.next_to_partner": any(game.manhattan(me, p) == 1 for p in others)}
+        if option.args:
+            k = option.args[0]
+            cells = game.boxes[k]
+            around = [c for b in cells for c in adjacent_cells(b, game.width, game.height) if self.free(game, c)]
+            f.update({"arg0.delivered": game.delivered[k], "arg0.heavy": game.box_heavy[k],
+                      "arg0.next_to_self": any(game.manhattan(me, c) == 1 for c in cells),
+                      "arg0.next_to_partner": any(game.manhattan(p, c) == 1 for p in others for c in cells),
+                      "arg0.reachable_by_self": any(c in reach for c in around)})
+        if len(option.args) > 1:
+            d = option.args[1]
+            behind = self.behind(game, k, d)
+            before = game.box_distance(k)
+            f.update({f"arg1.{w}": d == w for w in DIRECTIONS})
+            f.update({"arg0.beyond_arg1_free": all(not game.wall[c] and c not in game.box_at or c in cells
+                                                   for c in self.beyond(game, k, d)),
+                      "arg0.arg1_toward_goal": min(game.goal_dist[c + game.delta[DIRECTIONS.index(d) + 1]]
+                                                   for c in cells) < before,
+                      "arg0.behind_arg1_reachable_by_self": any(c in reach for c in behind),
+                      "arg0.self_behind_arg1": me in behind,
+                      "arg0.partner_behind_arg1": any(p in behind for p in others)})
+        return f
+
+    def describe(self, game, agent, option):
+        if option.kind == "wait" or game.delivered[option.args[0]]:
+            return option.text
+        k = option.args[0]
+        targets = self.behind(game, k, option.args[1]) if option.kind == "push" else \
+            [c for b in game.boxes[k] for c in adjacent_cells(b, game.width, game.height)]
+        reach = distances(game.pos[agent], lambda c: self.free(game, c), game.width, game.height)
+        steps = min((reach[c] for c in targets if c in reach), default=None)
+        return option.text if steps is None else f"{option.text} ({steps} steps)"
+
+    def scripted(self, game, runner, agent, menu, solo):
+        """Heavy box first (both agents push it north), then the small boxes, split between the agents."""
+        if solo and agent != 0:
+            return self.pick(menu, "wait")
+        left = [k for k in range(len(game.boxes)) if not game.delivered[k]]
+        heavy = [k for k in left if game.box_heavy[k]]
+        if heavy and not solo:
+            return self.pick(menu, "push", heavy[0], "north")
+        small = [k for k in left if not game.box_heavy[k]]
+        taken = {o.args[0] for j, o in enumerate(runner.current) if j != agent and o is not None and o.args}
+        free = [k for k in small if k not in taken] or ([] if len(small) == 1 and not solo else small)
+        # skip boxes whose pushing spot another agent stands on, when there is another box to push
+        others = partner_cells(game, agent)
+        free = [k for k in free if game.boxes[k][0] + game.width not in others] or free
+        if not free:
+            return self.pick(menu, "wait")
+        # the nearest box nobody else is pushing (agents decide in index order, so they split the boxes)
+        k = min(free, key=lambda k: (game.manhattan(game.pos[agent], game.boxes[k][0] + game.width), k))
+        return self.pick(menu, "push", k, "north")
+
+
+# ----------------------------------------------------------------------------- forage
+
+
+class ForageOptions(Library):
+    """goto_food(f): walk next to food f. load(f): walk next to f and load until it is collected. wait()."""
+
+    kinds = ("goto_food", "load", "wait")
+
+    def free(self, game, cell: int) -> bool:
+        return not game.wall[cell] and cell not in game.food_at
+
+    def ground(self, game, agent):
+        menu = []
+        for k in range(len(game.food)):
+            menu.append(Option("goto_food", (k,), f"goto food {k + 1}", 15))
+            menu.append(Option("load", (k,), f"load food {k + 1}", 15))
+        return menu + [self.wait()]
+
+    def act(self, game, agent, option, memory):
+        if option.kind == "wait":
+            return self.wait_action(game, agent, lambda c: self.free(game, c))
+        k = option.args[0]
+        if game.collected[k]:
+            return 0
+        pos, food = game.pos[agent], game.food[k]
+        if pos in game.neighbours[food]:
+            return 5 if option.kind == "load" else 0
+        targets = [c for c in game.neighbours[food] if self.free(game, c)]
+        action = navigate(game, agent, targets, lambda c: self.free(game, c), memory)
+        memory["stuck"] = action is None
+        return action or 0
+
+    def outcome(self, game, agent, option, memory, events):
+        if option.kind == "wait":
+            return self.waited(memory)
+        k = option.args[0]
+        if option.kind == "load" and self.mine(events, "food_loaded", agent, k):
+            return True, "food collected"
+        if game.collected[k]:
+            return False, "food already collected"
+        if option.kind == "goto_food" and game.pos[agent] in game.neighbours[game.food[k]]:
+            return True, "next to the food"
+        if memory.get("stuck"):
+            return False, "no path"
+        return None
+
+    def facts(self, game, agent, option):
+        me, others = game.pos[agent], partner_cells(game, agent)
+        team = sum(game.agent_levels)
+        f = {"self.next_to_food": any(n in game.food_at for n in game.neighbours[me]),
+             "self.next_to_partner": any(p in game.neighbours[me] for p in others)}
+        if option.args:
+            k = option.args[0]
+            food = game.food[k]
+            reach = distances(me, lambda c: self.free(game, c) and c not in others, game.width, game.height)
+            f.update({"arg0.collected": game.collected[k],
+                      "arg0.level_at_most_self": game.food_levels[k] <= game.agent_levels[agent],
+                      "arg0.level_at_most_team": game.food_levels[k] <= team,
+                      "arg0.next_to_self": me in game.neighbours[food],
+                      "arg0.next_to_partner": any(p in game.neighbours[food] for p in others),
+                      "arg0.reachable_by_self": any(c in reach for c in game.neighbours[food])})
+        return f
+
+    def describe(self, game, agent, option):
+        if option.kind == "wait" or game.collected[option.args[0]]:
+            return option.text
+        others = partner_cells(game, agent)
+        reach = distances(game.pos[agent], lambda c: self.free(game, c) and c not in others, game.width, game.height)
+        steps = min((reach[c] for c in game.neighbours[game.food[option.args[0]]] if c in reach), default=None)
+        return option.text if steps is None else f"{option.text} ({steps} steps)"
+
+    def scripted(self, game, runner, agent, menu, solo):
+        """Cooperative: every agent loads the same food (the first one left), so any level sum suffices.
+        Solo: the highest-level agent loads the food it can lift alone; the others wait."""
+        left = [k for k in range(len(game.food)) if not game.collected[k]]
+        if solo:
+            worker = int(np.argmax(game.agent_levels))
+            lift = [k for k in left if game.food_levels[k] <= game.agent_levels[worker]]
+            if agent != worker or not lift:
+                return self.pick(menu, "wait")
+            return self.pick(menu, "load", min(lift, key=lambda k: (game.manhattan(game.pos[agent], game.food[k]), k)))
+        return self.pick(menu, "load", left[0]) if left else self.pick(menu, "wait")
+
+
+# ----------------------------------------------------------------------------- kitchen
+
+
+class KitchenOptions(Library):
+    """fetch_onion(), fetch_dish(), put_onion(pot), plate_soup(pot) (waits at the pot while it cooks),
+    serve(), place() (on the free counter nearest the partner's side), take(item), wait().
+    Each walks to a cell next to its station, faces it and interacts; an interaction that changes nothing
+    ends the option as a failure."""
+
+    kinds = ("fetch_onion", "fetch_dish", "put_onion", "plate_soup", "serve", "place", "take", "wait")
+
+    def ground(self, game, agent):
+        menu = [Option("fetch_onion", (), "fetch an onion", 20), Option("fetch_dish", (), "fetch a dish", 20)]
+        for k in range(len(game.pots)):
+            menu.append(Option("put_onion", (k,), f"put onion in pot {k + 1}", 20))
+            menu.append(Option("plate_soup", (k,), f"plate soup from pot {k + 1}", 20 + game.cook_time))
+        menu += [Option("serve", (), "serve soup", 20), Option("place", (), "place item on counter", 20)]
+        menu += [Option("take", (item,), f"take {item} from counter", 20) for item in game.ITEMS]
+        return menu + [self.wait()]
+
+    def reach(self, game, agent: int, others: bool = True) -> dict[int, int]:
+        avoid = set(partner_cells(game, agent)) if others else set()
+        return distances(game.pos[agent], lambda c: game.floor[c] and c not in avoid, game.width, game.height)
+
+    def stations(self, game, agent: int, option: Option) -> list[int]:
+        """Candidate cells to interact with, nearest first."""
+        if option.kind == "fetch_onion":
+            cells = game.onion_dispensers
+        elif option.kind == "fetch_dish":
+            cells = game.dish_dispensers
+        elif option.kind in ("put_onion", "plate_soup"):
+            cells = [game.pots[option.args[0]]]
+        elif option.kind == "serve":
+            cells = game.windows
+        elif option.kind == "take":
+            cells = [c for c, (item, _) in game.on_counter.items() if item == option.args[0]]
+        else:  # place: free counters, those the partner can also reach first (a hand-off spot)
+            cells = [c for c in game.counters if c not in game.on_counter]
+            partner_reach = set().union(*(self.reach(game, j, others=False) for j in range(game.n_agents) if j != agent))
+            shared = [c for c in cells if any(n in partner_reach for n in adjacent_cells(c, game.width, game.height))]
+            cells = shared or cells
+        # nearest first, going around the partner; stations only reachable through the partner come last
+        found = []
+        for reach in (self.reach(game, agent), self.reach(game, agent, others=False)):
+            dist = {c: min((reach[n] for n in adjacent_cells(c, game.width, game.height) if n in reach),
+                           default=None) for c in cells}
+            found += sorted((c for c in cells if dist[c] is not None and c not in found), key=lambda c: (dist[c], c))
+        return found
+
+    def act(self, game, agent, option, memory):
+        if option.kind == "wait":
+            return self.wait_action(game, agent, lambda c: game.floor[c])
+        targets = self.stations(game, agent, option)
+        if not targets:
+            memory["stuck"] = True
+            return 0
+        pos = game.pos[agent]
+        for station in targets:
+            if game.manhattan(pos, station) == 1:
+                face = next(a for a in (1, 2, 3, 4) if pos + game.delta[a] == station)
+                if game.facing[agent] != face:
+                    return face  # turns without moving: the faced cell is not floor
+                memory["interacted"] = True
+                return 5
+        spots = [n for n in adjacent_cells(targets[0], game.width, game.height) if game.floor[n]]
+        action = navigate(game, agent, spots, lambda c: game.floor[c], memory)
+        memory["stuck"] = action is None
+        return action or 0
+
+    SUCCESS = {"put_onion": "onion_in_pot", "plate_soup": "soup_plated", "serve": "soup_served",
+               "place": "counter_place", "take": "counter_take"}
+
+    def outcome(self, game, agent, option, memory, events):
+        kind = option.kind
+        if kind == "wait":
+            return self.waited(memory)
+        if kind in ("fetch_onion", "fetch_dish") and memory.get("interacted"):
+            want = "onion" if kind == "fetch_onion" else "dish"
+            return (True, f"holding {want}") if game.held[agent] == want else (False, "hands are full")
+        if kind in self.SUCCESS and self.mine(events, self.SUCCESS[kind], agent):
+            return True, "done"
+        if memory.pop("stuck", False):
+            return False, "nothing reachable"
+        if memory.pop("interacted", False):
+            cooking = kind == "plate_soup" and game.held[agent] == "dish" and \
+                game.pot_onions[option.args[0]] == 3 and game.pot_timer[option.args[0]] > 0
+            if not cooking:
+                return False, "interaction changed nothing"
+        return None
+
+    def facts(self, game, agent, option):
+        reach = self.reach(game, agent, others=False)
+
+        def reachable(cells) -> bool:
+            return any(n in reach for c in cells for n in adjacent_cells(c, game.width, game.height))
+
+        held = game.held[agent]
+        partner = [j for j in range(game.n_agents) if j != agent]
+        f = {"self.empty_handed": held is None, **{f"self.holding_{i}": held == i for i in game.ITEMS},
+             "self.reaches_onions": reachable(game.onion_dispensers), "self.reaches_dishes": reachable(game.dish_dispensers),
+             "self.reaches_window": reachable(game.windows), "self.reaches_a_pot": reachable(game.pots),
+             "self.reaches_free_counter": reachable([c for c in game.counters if c not in game.on_counter]),
+             **{f"partner.holding_{i}": any(game.held[j] == i for j in partner) for i in game.ITEMS},
+             "partner.empty_handed": all(game.held[j] is None for j in partner),
+             "partner.next_to_self": any(game.manhattan(game.pos[agent], game.pos[j]) == 1 for j in partner)}
+        if option.kind in ("put_onion", "plate_soup"):
+            k = option.args[0]
+            state = game.pot_state(k)
+            f.update({"arg0.empty": state == "empty", "arg0.full": game.pot_onions[k] == 3,
+                      "arg0.cooking": state == "cooking", "arg0.ready": state == "ready",
+                      "arg0.reachable_by_self": reachable([game.pots[k]]),
+                      "arg0.next_to_self": game.manhattan(game.pos[agent], game.pots[k]) == 1})
+        if option.kind == "take":
+            item = option.args[0]
+            f.update({f"arg0.{i}": item == i for i in game.ITEMS})
+            f["arg0.on_reachable_counter"] = reachable([c for c, (i, _) in game.on_counter.items() if i == item])
+        return f
+
+    def describe(self, game, agent, option):
+        if option.kind == "wait":
+            return option.text
+        targets = self.stations(game, agent, option)
+        if not targets:
+            return option.text
+        reach = self.reach(game, agent, others=False)
+        steps = min(reach[n] for n in adjacent_cells(targets[0], game.width, game.height) if n in reach)
+        return f"{option.text} ({steps} steps)"
+
+    def scripted(self, game, runner, agent, menu, solo):
+        """Cook, plate and serve; an agent that cannot reach a pot (forced_coordination) fetches onions and
+        dishes and puts them on the shared counter, and the other takes them from there."""
+        if solo and agent != 0:
+            return self.pick(menu, "wait")
+        others = [j for j in range(game.n_agents) if j != agent and not solo]
+        reach = self.reach(game, agent, others=False)
+
+        def can(cells) -> bool:
+            return any(n in reach for c in cells for n in adjacent_cells(c, game.width, game.height))
+
+        def busy_with(kinds) -> int:  # items other agents hold or are fetching
+            count = 0
+            for j in others:
+                opt = runner.current[j]
+                count += game.held[j] in kinds or (opt is not None and (opt.kind, opt.args) in
+                                                   [(f"fetch_{k}", ()) for k in kinds] + [("take", (k,)) for k in kinds])
+            return count + sum(item in kinds for item, _ in game.on_counter.values())
+
+        pots = [k for k in range(len(game.pots)) if can([game.pots[k]])]
+        soups = sum(game.pot_onions[k] == 3 for k in range(len(game.pots))) + sum(h == "soup" for h in game.held)
+        onions_needed = 0
+        if game.served + soups < game.orders:
+            open_pots = sorted((k for k in range(len(game.pots)) if game.pot_onions[k] < 3),
+                               key=lambda k: -game.pot_onions[k])
+            onions_needed = 3 - game.pot_onions[open_pots[0]] if open_pots else 0
+        dish_needed = any(game.pot_onions[k] == 3 for k in range(len(game.pots))) and \
+            not any(h in ("dish", "soup") for h in game.held) and busy_with({"dish"}) == 0
+        held = game.held[agent]
+        if held == "soup":
+            return self.pick(menu, "serve") if can(game.windows) else self.pick(menu, "place")
+        if held == "dish":
+            full = sorted((k for k in pots if game.pot_onions[k] == 3), key=lambda k: game.pot_timer[k])
+            return self.pick(menu, "plate_soup", full[0]) if full else self.pick(menu, "place" if not pots else "wait")
+        if held == "onion":
+            open_pots = sorted((k for k in pots if game.pot_onions[k] < 3), key=lambda k: (-game.pot_onions[k], k))
+            return self.pick(menu, "put_onion", open_pots[0]) if open_pots else self.pick(menu, "place")
+        if any(item == "soup" for item, _ in game.on_counter.values()) and can(game.windows):
+            return self.pick(menu, "take", "soup")
+        if dish_needed or (pots and any(game.pot_onions[k] == 3 for k in pots) and
+                           any(item == "dish" for item, _ in game.on_counter.values())):
+            if pots and any(item == "dish" for item, _ in game.on_counter.values()):
+                return self.pick(menu, "take", "dish")
+            if dish_needed and can(game.dish_dispensers):
+                return self.pick(menu, "fetch_dish")
+        if onions_needed > busy_with({"onion"}) or (pots and any(i == "onion" for i, _ in game.on_counter.values())):
+            if pots and any(item == "onion" for item, _ in game.on_counter.values()):
+                return self.pick(menu, "take", "onion")
+            if can(game.onion_dispensers) and onions_needed > busy_with({"onion"}):
+                return self.pick(menu, "fetch_onion")
+        return self.pick(menu, "wait")
+
+
+# ----------------------------------------------------------------------------- primitive actions
+
+
+class PrimitiveLibrary(Library):
+    """The low-level action mode: every primitive action is a one-step option."""
+
+    kinds = ("act",)
+
+    def __init__(self, game_name: str):
+        names = ACTIONS[:5] if game_name == "coop_push" else ACTIONS
+        words = {"stay": "stay", "interact": "load" if game_name == "forage" else "interact"}
+        self.options = [Option("act", (a,), words.get(n, f"move {n}"), 1) for a, n in enumerate(names)]
+
+    def ground(self, game, agent):
+        return list(self.options)
+
+    def act(self, game, agent, option, memory):
+        memory["from"] = game.pos[agent]
+        return option.args[0]
+
+    def outcome(self, game, agent, option, memory, events):
+        a = option.args[0]
+        ok = a == 0 or (game.pos[agent] != memory["from"] if a < 5 else any(agent in e[1] for e in events))
+        return ok, "done" if ok else "no effect"
+
+
+LIBRARIES = {"coop_push": PushOptions, "forage": ForageOptions, "kitchen": KitchenOptions}
+
+
+def make_library(game: Game, action_mode: str = "options") -> Library:
+    """The option library for a game; action_mode 'primitive' gives one-step primitive options."""
+    if action_mode == "primitive":
+        return PrimitiveLibrary(game.name)
+    if action_mode != "options":
+        raise ValueError(f"unknown action mode '{action_mode}'; expected options or primitive")
+    return LIBRARIES[game.name]()
+
+
+# ----------------------------------------------------------------------------- the asynchronous runner
+
+
+@dataclass
+class Runner:
+    """Runs one episode of asynchronous options. Use: while not done: for agent in pending(): assign(...);
+    advance(). `menu_filter(game, agent, options) -> options` applies guards (guards.py)."""
+
+    game: Game
+    library: Library
+    menu_filter: object = None
+    record_facts: bool = False
+    current: list = field(default_factory=list)  # each agent's running Option (None: needs a decision)
+    executions: list = field(default_factory=list)  # every Execution, in start order
+    events: list = field(default_factory=list)  # (t, kind, agents, obj)
+    actions: list = field(default_factory=list)  # joint primitive action of each step
+
+    def __post_init__(self):
+        n = self.game.n_agents
+        self.current, self.memory, self.running = [None] * n, [None] * n, [None] * n
+
+    @property
+    def done(self) -> bool:
+        return self.game.done
+
+    def pending(self) -> list[int]:
+        """Agents whose option has terminated and who must choose the next one now."""
+        return [] if self.game.done else [i for i, o in enumerate(self.current) if o is None]
+
+    def menu(self, agent: int) -> list[Option]:
+        options = self.library.ground(self.game, agent)
+        if self.menu_filter is not None:
+            options = self.menu_filter(self.game, agent, options)
+        return options
+
+    def assign(self, agent: int, option: Option) -> None:
+        facts = self.library.facts(self.game, agent, option) if self.record_facts else None
+        run = Execution(agent, option, self.game.t, facts=facts)
+        self.executions.append(run)
+        self.current[agent], self.memory[agent], self.running[agent] = option, {}, run
+
+    def advance(self) -> None:
+        """Step the game until some agent needs a decision or the episode ends."""
+        game, lib = self.game, self.library
+        while not game.done and None not in self.current:
+            joint = [lib.act(game, i, self.current[i], self.memory[i]) for i in range(game.n_agents)]
+            _, _, _, events = game.step(joint)
+            self.actions.append(joint)
+            self.events += [(game.t, *e) for e in events]
+            for i in range(game.n_agents):
+                run = self.running[i]
+                run.duration += 1
+                result = lib.outcome(game, i, self.current[i], self.memory[i], events)
+                if result is None and run.duration >= run.option.horizon:
+                    result = (False, "timeout")
+                if result is not None:
+                    run.success, run.reason = result
+                    self.current[i] = None
+
+
+@dataclass
+class Episode:
+    total_reward: float
+    score: float
+    steps: int
+    executions: list
+    events: list
+    frames: list
+
+
+def run_episode(game: Game, library: Library, choose, seed: int, menu_filter=None, record_facts: bool = False,
+                show: bool = False) -> Episode:
+    """Reset `game` with `seed` and play one episode; `choose(runner, agent, menu) -> Option`."""
+    game.reset(seed)
+    runner = Runner(game, library, menu_filter, record_facts)
+    frames = [game.render()] if show else []
+    while not runner.done:
+        for agent in runner.pending():
+            runner.assign(agent, choose(runner, agent, runner.menu(agent)))
+        runner.advance()
+        if show:
+            doing = "  ".join(f"{i + 1}:{o.text if o else '-'}" for i, o in enumerate(runner.current))
+            frames.append(game.render() + "\n" + doing)
+    return Episode(game.total_reward, game.score, game.t, runner.executions, runner.events, frames)
+
+
+def scripted_choice(solo: bool = False):
+    """The scripted team as a `choose` function (cooperative, or solo: one agent works)."""
+    return lambda runner, agent, menu: runner.library.scripted(runner.game, runner, agent, menu, solo)
+
+
+def random_choice(rng: np.random.Generator):
+    """Uniform over the menu it is given (the unfiltered menu unless a menu_filter is set)."""
+    return lambda runner, agent, menu: menu[int(rng.integers(len(menu)))]
+
+
+def play_scripted(game: Game, team: str, seed: int, show: bool = False) -> Episode:
+    """Play one episode with the 'coop', 'solo' or 'random' (uniform over options) team."""
+    choose = random_choice(np.random.default_rng(seed)) if team == "random" else scripted_choice(team == "solo")
+    episode = run_episode(game, make_library(game), choose, seed, show=show)
+    for frame in episode.frames:
+        print(frame + "\n")
+    return episode
