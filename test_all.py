@@ -1,0 +1,319 @@
+"""The test suite: `HF_HUB_OFFLINE=1 python -m pytest -q test_all.py` (a few minutes on 2 cores).
+
+Sections: games (hand-placed states with asserted rewards and events), planner (shortest paths against a
+brute-force search), options and the runner (scripted teams solve every layout, determinism), guards,
+policy (tiny random Llama), and the training loop.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+
+import envs
+import options
+import planner
+
+STAY, N, S, W, E, INTERACT = range(6)
+
+
+def all_layouts():
+    return [(g, name) for g, cls in envs.GAMES.items() for name in cls.layouts]
+
+
+COOP_NECESSARY = [("coop_push", "heavy_only"), ("forage", "8x8_coop"), ("kitchen", "forced_coordination")]
+
+
+# ----------------------------------------------------------------------------- games
+
+
+def test_heavy_box_needs_two_pushers_in_the_same_step():
+    game = envs.make_game("coop_push", "#####\n#ggg#\n#.HH#\n#.12#\n#####\n")
+    reward, term, trunc, events = game.step([N, STAY])  # one pusher: the heavy box stays
+    assert (reward, events) == (0.0, []) and game.boxes[0] == (12, 13) and game.pos == [17, 18]
+    reward, term, trunc, events = game.step([N, N])  # two pushers, same direction: it moves onto the goal
+    assert reward == 100.0 and term and not trunc
+    assert ("joint_push", (0, 1), 0) in events and ("box_delivered", (0, 1), 0) in events
+    assert game.pos == [12, 13] and game.score == 1.0
+
+
+def test_heavy_box_does_not_move_when_pushers_disagree():
+    game = envs.make_game("coop_push", "######\n#gggg#\n#....#\n#1HH2#\n#....#\n######\n")
+    game.step([E, W])  # pushing from both sides: nothing moves
+    assert game.boxes[0] == (20, 21) and game.pos == [19, 22]
+
+
+def test_small_box_push_delivery_and_blocking():
+    game = envs.make_game("coop_push", "#####\n#ggg#\n#.b.#\n#.1.#\n#b..#\n#####\nmax_steps: 5\n")
+    reward, _, _, events = game.step([N])
+    assert reward == 10.0 and events == [("box_toward_goal", (0,), 0), ("box_delivered", (0,), 0)]
+    assert game.delivered[0] and game.pos == [12]
+    game.reset(0)
+    game.pos = [22]  # east of box 2, which sits against the west wall: pushing it west is blocked
+    _, _, _, events = game.step([W])
+    assert game.boxes[1] == (21,) and game.pos == [22] and events == []
+
+
+def test_terminated_and_truncated_are_separate():
+    game = envs.make_game("coop_push", "#####\n#ggg#\n#.b.#\n#.1.#\n#...#\n#####\nmax_steps: 2\n")
+    assert game.step([STAY])[1:3] == (False, False)
+    assert game.step([STAY])[1:3] == (False, True)
+    game.reset(0)
+    assert game.step([N])[1:3] == (True, False)
+
+
+def test_forage_collisions_all_fail():
+    game = envs.make_game("forage", "f....\n.1.2.\n.....\nagent_levels: 1 1\n")
+    game.step([E, W])  # both into the middle cell: both stay
+    assert game.pos == [6, 8]
+    game.step([N, S])  # moving into a cell occupied at the start of the step fails too
+    game.pos = [6, 7]
+    game.step([E, STAY])
+    assert game.pos == [6, 7]
+
+
+def test_forage_level_sums_and_joint_load():
+    layout = ".....\n.1f2.\n.....\nagent_levels: 1 1\nfood_levels: 2\n"
+    game = envs.make_game("forage", layout)
+    reward, _, _, events = game.step([INTERACT, STAY])  # level 1 alone cannot lift a level-2 food
+    assert reward == 0.0 and events == [] and not game.collected[0]
+    reward, term, _, events = game.step([INTERACT, INTERACT])  # 1 + 1 >= 2
+    assert reward == 1.0 and term and events == [("food_loaded", (0, 1), 0), ("joint_load", (0, 1), 0)]
+    game = envs.make_game("forage", ".....\n.1f..\n..f..\nagent_levels: 2\nfood_levels: 1 3\n")
+    reward, term, _, events = game.step([INTERACT])
+    assert reward == pytest.approx(0.25) and not term and events == [("food_loaded", (0,), 0)]
+
+
+def test_food_blocks_movement():
+    game = envs.make_game("forage", "1f.\n...\n")
+    game.step([E])
+    assert game.pos == [0]
+
+
+def kitchen_line():
+    # one row of floor: onion dispenser west, pot north, dish dispenser south, window east
+    return envs.make_game("kitchen", "XXPXX\nO 1 S\nXXDXX\ncook_time: 2\n")
+
+
+def test_soup_cycle():
+    game = kitchen_line()
+    events_seen = []
+    for _ in range(3):
+        for a in (W, W, INTERACT, E, N, INTERACT):  # fetch an onion, walk back, face the pot, put it in
+            r, term, trunc, ev = game.step([a])
+            events_seen += ev
+    assert [e[0] for e in events_seen] == ["onion_in_pot"] * 3 and game.pot_state(0) == "cooking"
+    for a in (S, INTERACT):  # fetch a dish from the dispenser south
+        game.step([a])
+    assert game.held[0] == "dish" and game.pot_state(0) == "ready"
+    _, _, _, ev = game.step([N])
+    _, _, _, ev = game.step([INTERACT])
+    assert ev == [("soup_plated", (0,), 0)] and game.held[0] == "soup"
+    game.step([E])  # walk east, facing the window
+    game.step([E])  # the window is not floor: only turns
+    reward, term, _, ev = game.step([INTERACT])
+    assert reward == 20.0 and term and ev == [("soup_served", (0,), 0)] and game.served == 1
+
+
+def test_counter_handoff_is_attributed_to_both():
+    game = envs.make_game("kitchen", "XXPXX\nO1X2S\nXXDXX\n")
+    game.step([STAY, STAY])
+    game.step([W, STAY])
+    game.step([INTERACT, STAY])  # agent 1 takes an onion
+    assert game.held[0] == "onion"
+    game.step([E, STAY])  # faces the middle counter (it cannot walk onto it)
+    _, _, _, ev = game.step([INTERACT, STAY])
+    assert ev == [("counter_place", (0,), 7)]
+    game.step([STAY, W])
+    _, _, _, ev = game.step([STAY, INTERACT])
+    assert ev == [("counter_take", (1,), 7), ("handoff", (0, 1), 7)] and game.held[1] == "onion"
+
+
+def test_views_name_you_and_partner_and_state_relations():
+    game = envs.make_game("coop_push", "#####\n#ggg#\n#.b.#\n#.1.#\n#2..#\n#####\n")
+    view = game.view(0)
+    assert "You are agent 1" in view and "Your partner: 1 south 1 west" in view
+    assert "Box 1 (small): 1 north of you, 1 row from the goal; you are directly south of it." in view
+    assert "2" in game.render().split("\n")[4]
+
+
+@pytest.mark.parametrize("text,where", [
+    ("#####\n#g.b\n#1..#\n#####\n", "line 2: expected 5 columns"),
+    ("#####\n#gzb#\n#1..#\n#####\n", "line 2 column 3: unexpected 'z'"),
+    ("#####\n#g.b#\n#...#\n#####\n", "expected agents numbered 1..N"),
+    ("#####\n#g.b#\n#1..#\n#####\nspeed: 3\n", "line 5 column 1: expected an option line"),
+    ("#####\n#g.H#\n#1..#\n#####\n", "line 2 column 4: expected 'HH'"),
+    ("#####\n#g.b#\n.1..#\n#####\n", "line 3 column 1: expected '#'"),
+    ("#####\n#g.b#\n#1..#\n#####\nmax_steps: -2\n", "option 'max_steps': expected an integer >= 1"),
+])
+def test_malformed_layouts_are_rejected_with_line_and_column(text, where):
+    with pytest.raises(envs.LayoutError, match=where):
+        envs.make_game("coop_push", text)
+
+
+def test_malformed_layouts_other_games_and_unknown_names(tmp_path):
+    with pytest.raises(envs.LayoutError, match="option 'food_levels': expected 2 integers"):
+        envs.make_game("forage", "f.f\n1..\nfood_levels: 3\n")
+    with pytest.raises(envs.LayoutError, match="expected at least one pot"):
+        envs.make_game("kitchen", "XXXXX\nO 1 S\nXXDXX\n")
+    with pytest.raises(envs.LayoutError, match="unknown layout 'nope' for game 'kitchen'; expected one of"):
+        envs.make_game("kitchen", "nope")
+    with pytest.raises(ValueError, match="unknown game 'chess'; expected one of coop_push, forage, kitchen"):
+        envs.make_game("chess")
+    path = tmp_path / "room.txt"
+    path.write_text("#####\n#ggg#\n#.b.#\n#.1.#\n#####\n")
+    assert envs.make_game("coop_push", str(path)).layout_name == str(path)
+
+
+def test_every_builtin_layout_has_consistent_scores():
+    for game_name, layout in all_layouts():
+        game = envs.make_game(game_name, layout, seed=1)
+        assert game.n_agents == 2 and game.max_reward > 0 and game.score == 0.0
+        assert layout in envs.GAMES[game_name].layouts
+    for game_name, cls in envs.GAMES.items():
+        assert cls.default_layout in cls.layouts and cls.solo_layouts
+
+
+def test_random_starts_respect_rooms_and_are_seeded():
+    a = envs.make_game("kitchen", "forced_coordination", seed=4)
+    b = envs.make_game("kitchen", "forced_coordination", seed=4)
+    assert a.pos == b.pos
+    left = {c for c in range(len(a.cells)) if c % a.width < 2}
+    for seed in range(10):
+        a.reset(seed)
+        assert (a.pos[0] in left) and (a.pos[1] not in left)
+
+
+# ----------------------------------------------------------------------------- planner
+
+
+def brute_force_distance(start, goal, passable, width, height):
+    """Length of the shortest path by iterative deepening over all move sequences (small grids only)."""
+    for length in range(0, 9):
+        for moves in itertools.product(range(4), repeat=length):
+            cell, ok = start, True
+            for m in moves:
+                nxt = dict(planner.neighbours(cell, width, height)).get(m + 1)
+                if nxt is None or not passable(nxt):
+                    ok = False
+                    break
+                cell = nxt
+            if ok and cell == goal:
+                return length
+    return None
+
+
+def test_planner_paths_are_shortest():
+    rng = np.random.default_rng(0)
+    width, height = 4, 3
+    for _ in range(25):
+        blocked = set(rng.choice(width * height, size=3, replace=False).tolist())
+        free = [c for c in range(width * height) if c not in blocked]
+        start, goal = (int(x) for x in rng.choice(free, size=2, replace=False))
+        path = planner.shortest_path(start, [goal], lambda c: c not in blocked, width, height)
+        expected = brute_force_distance(start, goal, lambda c: c not in blocked, width, height)
+        assert (None if path is None else len(path)) == expected
+        if path:
+            assert planner.distances(start, lambda c: c not in blocked, width, height)[goal] == len(path)
+
+
+def test_planner_tie_breaking_and_avoidance():
+    passable = lambda c: True  # noqa: E731
+    assert planner.step_toward(0, [4], passable, 3, 3) == 2  # (0,0) -> (1,1): south before east
+    assert planner.step_toward(4, [4], passable, 3, 3) == 0
+    assert planner.step_toward(0, [2], passable, 3, 3, avoid=[1]) == 2  # around the partner
+    assert planner.step_toward(0, [2], passable, 3, 1, avoid=[1]) is None
+
+
+# ----------------------------------------------------------------------------- options and the runner
+
+
+def test_option_menus_are_typed_and_ordered():
+    game = envs.make_game("coop_push", "classic")
+    menu = options.make_library(game).ground(game, 0)
+    assert [o.text for o in menu[:3]] == ["goto box 1", "push box 1 north", "push box 1 south"]
+    assert menu[-1].kind == "wait" and len(menu) == 3 * 5 + 1
+    kitchen = envs.make_game("kitchen", "cramped_room")
+    kinds = {o.kind for o in options.make_library(kitchen).ground(kitchen, 0)}
+    assert kinds == set(options.KitchenOptions.kinds)
+    with pytest.raises(ValueError, match="unknown action mode 'macro'"):
+        options.make_library(game, "macro")
+
+
+@pytest.mark.parametrize("game_name,layout", all_layouts())
+def test_scripted_cooperative_team_solves_every_layout(game_name, layout):
+    scores = []
+    for seed in range(20):
+        game = envs.make_game(game_name, layout, seed)
+        scores.append(options.play_scripted(game, "coop", seed).score)
+    assert min(scores) >= 0.9, scores
+
+
+@pytest.mark.parametrize("game_name,layout", COOP_NECESSARY)
+def test_no_single_agent_scores_on_cooperation_necessary_layouts(game_name, layout):
+    for seed in range(5):
+        game = envs.make_game(game_name, layout, seed)
+        assert options.play_scripted(game, "solo", seed).score == 0.0
+
+
+@pytest.mark.parametrize("game_name,layout", COOP_NECESSARY)
+def test_random_primitive_play_scores_about_zero_where_cooperation_is_necessary(game_name, layout):
+    rng = np.random.default_rng(0)
+    scores = []
+    for seed in range(20):
+        game = envs.make_game(game_name, layout, seed)
+        episode = options.run_episode(game, options.make_library(game, "primitive"),
+                                      options.random_choice(rng), seed)
+        scores.append(episode.score)
+    assert np.mean(scores) <= 0.1
+
+
+def test_solo_team_reaches_the_maximum_on_solo_layouts():
+    for game_name, cls in envs.GAMES.items():
+        for layout in cls.solo_layouts:
+            best = max(options.play_scripted(envs.make_game(game_name, layout, s), "solo", s).score
+                       for s in range(5))
+            assert best == 1.0, (game_name, layout)
+
+
+def test_runner_is_asynchronous_and_records_executions():
+    game = envs.make_game("kitchen", "cramped_room", seed=0)
+    episode = options.run_episode(game, options.make_library(game), options.scripted_choice(), 0)
+    starts = {(e.agent, e.start) for e in episode.executions}
+    by_agent = [[e for e in episode.executions if e.agent == i] for i in range(2)]
+    assert all(len(b) > 2 for b in by_agent)
+    # decisions happen at different steps for the two agents (options terminate independently)
+    assert {s for a, s in starts if a == 0} != {s for a, s in starts if a == 1}
+    for runs in by_agent:  # each agent's executions tile its timeline without gaps
+        for prev, nxt in zip(runs, runs[1:]):
+            assert prev.start + prev.duration == nxt.start and prev.success is not None
+    assert any(e[1] == "soup_served" for e in episode.events)
+
+
+def test_options_report_failure_with_reasons():
+    game = envs.make_game("forage", ".....\n.1f2.\n.....\nagent_levels: 1 1\nfood_levels: 2\n")
+    lib = options.make_library(game)
+    runner = options.Runner(game, lib)
+    load = lib.pick(lib.ground(game, 0), "load", 0)
+    runner.assign(0, load)
+    runner.assign(1, lib.wait())
+    while runner.current[0] is not None:
+        runner.advance()
+        if runner.current[1] is None:
+            runner.assign(1, lib.wait())
+    assert runner.executions[0].success is False and runner.executions[0].reason == "timeout"
+    assert runner.executions[0].duration == load.horizon
+
+
+@pytest.mark.parametrize("game_name", list(envs.GAMES))
+def test_same_seed_same_trajectory(game_name):
+    def play(mode):
+        game = envs.make_game(game_name, None, seed=7)
+        episode = options.run_episode(game, options.make_library(game, mode),
+                                      options.random_choice(np.random.default_rng(7)), 7)
+        return [(e.agent, e.option.text, e.start, e.duration, e.success) for e in episode.executions], episode.events
+
+    for mode in ("options", "primitive"):
+        assert play(mode) == play(mode)
