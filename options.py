@@ -139,10 +139,10 @@ def navigate(game: Game, agent: int, targets: list[int], passable, memory: dict)
 
 
 class PushOptions(Library):
-    """goto_box(b): walk next to box b. push(b, d): walk to the side opposite d and push until the box
-    moves one cell (a heavy box waits there for the partner). wait()."""
+    """goto_box(b): walk next to box b. push(b, d): walk to the side opposite d and push until the small
+    box moves one cell. push_heavy(b, d): the same for the heavy box, waiting there for the partner. wait()."""
 
-    kinds = ("goto_box", "push", "wait")
+    kinds = ("goto_box", "push", "push_heavy", "wait")
 
     def free(self, game, cell: int) -> bool:
         return not game.wall[cell] and cell not in game.box_at
@@ -151,7 +151,9 @@ class PushOptions(Library):
         menu = []
         for k in range(len(game.boxes)):
             menu.append(Option("goto_box", (k,), f"goto box {k + 1}", 15))
-            menu += [Option("push", (k, d), f"push box {k + 1} {d}", 15) for d in DIRECTIONS]
+            # the two box types are two option types: a heavy box moves only under two pushers
+            kind, word = ("push_heavy", "heavy box") if game.box_heavy[k] else ("push", "box")
+            menu += [Option(kind, (k, d), f"push {word} {k + 1} {d}", 15) for d in DIRECTIONS]
         return menu + [self.wait()]
 
     def behind(self, game, k: int, d: str) -> list[int]:
@@ -173,8 +175,11 @@ class PushOptions(Library):
             targets = [c for box_cell in game.boxes[k] for c in adjacent_cells(box_cell, game.width, game.height)]
         else:
             d = option.args[1]
+            if any(game.wall[c] or (c in game.box_at and game.box_at[c] != k) for c in self.beyond(game, k, d)):
+                memory["blocked"] = True  # a wall or another box is in the way: fail at once
+                return 0
             if pos in self.behind(game, k, d):
-                memory["pushed"] = True
+                memory["pushed"] = game.boxes[k]  # where the box was when we pushed
                 return DIRECTIONS.index(d) + 1
             targets = self.behind(game, k, d)
         action = navigate(game, agent, [c for c in targets if self.free(game, c)], lambda c: self.free(game, c), memory)
@@ -185,16 +190,18 @@ class PushOptions(Library):
         if option.kind == "wait":
             return self.waited(memory)
         k = option.args[0]
-        if option.kind == "push" and any(e[0] in ("box_toward_goal", "box_delivered", "joint_push") and e[2] == k
-                                         and agent in e[1] for e in events):
+        pushed = memory.pop("pushed", None)
+        if pushed is not None and (game.delivered[k] or game.boxes[k] != pushed):
             return True, "box moved"
         if game.delivered[k]:
             return False, "box already delivered"
+        if memory.pop("blocked", False):
+            return False, "box is blocked"
         if option.kind == "goto_box" and any(game.manhattan(game.pos[agent], c) == 1 for c in game.boxes[k]):
             return True, "next to the box"
         if memory.get("stuck"):
             return False, "no path"
-        if option.kind == "push" and memory.pop("pushed", False):
+        if pushed is not None:
             # a small box that did not move is blocked; a heavy box may still be waiting for the partner
             if not game.box_heavy[k] or any(not self.free(game, c) for c in self.beyond(game, k, option.args[1])):
                 return False, "box did not move"
@@ -230,7 +237,7 @@ class PushOptions(Library):
         if option.kind == "wait" or game.delivered[option.args[0]]:
             return option.text
         k = option.args[0]
-        targets = self.behind(game, k, option.args[1]) if option.kind == "push" else \
+        targets = self.behind(game, k, option.args[1]) if option.kind != "goto_box" else \
             [c for b in game.boxes[k] for c in adjacent_cells(b, game.width, game.height)]
         reach = distances(game.pos[agent], lambda c: self.free(game, c), game.width, game.height)
         steps = min((reach[c] for c in targets if c in reach), default=None)
@@ -243,7 +250,7 @@ class PushOptions(Library):
         left = [k for k in range(len(game.boxes)) if not game.delivered[k]]
         heavy = [k for k in left if game.box_heavy[k]]
         if heavy and not solo:
-            return self.pick(menu, "push", heavy[0], "north")
+            return self.pick(menu, "push_heavy", heavy[0], "north")
         small = [k for k in left if not game.box_heavy[k]]
         taken = {o.args[0] for j, o in enumerate(runner.current) if j != agent and o is not None and o.args}
         free = [k for k in small if k not in taken] or ([] if len(small) == 1 and not solo else small)
@@ -379,8 +386,10 @@ class KitchenOptions(Library):
             cells = [c for c, (item, _) in game.on_counter.items() if item == option.args[0]]
         else:  # place: free counters, those the partner can also reach first (a hand-off spot)
             cells = [c for c in game.counters if c not in game.on_counter]
-            partner_reach = set().union(*(self.reach(game, j, others=False) for j in range(game.n_agents) if j != agent))
-            shared = [c for c in cells if any(n in partner_reach for n in adjacent_cells(c, game.width, game.height))]
+            mine = self.reach(game, agent, others=False)
+            theirs = set().union(*(self.reach(game, j, others=False) for j in range(game.n_agents) if j != agent))
+            around = {c: adjacent_cells(c, game.width, game.height) for c in cells}
+            shared = [c for c in cells if any(n in mine for n in around[c]) and any(n in theirs for n in around[c])]
             cells = shared or cells
         # nearest first, going around the partner; stations only reachable through the partner come last
         found = []

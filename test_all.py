@@ -317,3 +317,122 @@ def test_same_seed_same_trajectory(game_name):
 
     for mode in ("options", "primitive"):
         assert play(mode) == play(mode)
+
+
+# ----------------------------------------------------------------------------- guards
+
+import guards  # noqa: E402
+
+
+def rec(success: bool, **facts) -> guards.Record:
+    return guards.Record("push", (0,), facts, success)
+
+
+def test_guard_rule_needs_k_unexplained_failures():
+    successes = [rec(True, a=True, b=True)] * 6
+    # 'a' is false in 2 failures (k - 1): not adopted; 'b' false in 3: adopted
+    failures = [rec(False, a=False, b=True)] * 2 + [rec(False, a=True, b=False)] * 3
+    entry = guards.synthesize_kind(successes + failures, k=3, min_successes=5)
+    assert [g["literal"] for g in entry["guards"]] == ["b"] and entry["guards"][0]["failures_explained"] == 3
+
+
+def test_guard_rule_never_hides_a_logged_success():
+    successes = [rec(True, a=True)] * 6 + [rec(True, a=False)]  # one success with a false
+    failures = [rec(False, a=False)] * 10
+    assert guards.synthesize_kind(successes + failures, k=3, min_successes=5)["guards"] == []
+
+
+def test_guard_rule_is_greedy_and_counts_each_failure_once():
+    successes = [rec(True, a=True, b=True, c=False)] * 5
+    failures = ([rec(False, a=False, b=False, c=False)] * 4 + [rec(False, a=False, b=True, c=False)] * 2
+                + [rec(False, a=True, b=False, c=True)] * 3)
+    entry = guards.synthesize_kind(successes + failures, k=3, min_successes=5)
+    # b explains 7 failures and goes first; a explained 6, but only 2 of them are still unexplained
+    # (< k), and "not c" would explain 3 failures that b already explained: neither is adopted
+    assert [g["literal"] for g in entry["guards"]] == ["b"]
+    assert entry["guards"][0]["failures_explained"] == 7 and entry["failures_explained"] == 7
+    # ties are broken by the literal text
+    tie = guards.synthesize_kind(successes + [rec(False, a=False, b=False, c=False)] * 3, k=3, min_successes=5)
+    assert [g["literal"] for g in tie["guards"]] == ["a"]
+
+
+def test_guard_rule_skips_option_types_with_thin_evidence():
+    log = [rec(True, a=True)] * 4 + [rec(False, a=False)] * 20
+    entry = guards.synthesize_kind(log, k=3, min_successes=5)
+    assert entry["guards"] == [] and entry["status"].startswith("too few successes")
+
+
+GUARDS: dict = {}
+
+
+def guards_for(game_name: str, layout: str):
+    if (game_name, layout) not in GUARDS:
+        game = envs.make_game(game_name, layout, 0)
+        library = options.make_library(game)
+        GUARDS[game_name, layout] = (game, library, guards.build_guards(game, library, guards.BurnInSettings()))
+    return GUARDS[game_name, layout]
+
+
+@pytest.mark.parametrize("game_name,layout", all_layouts())
+def test_guards_halve_random_failures_and_never_hide_the_scripted_team(game_name, layout):
+    game, library, guard = guards_for(game_name, layout)
+    before = guards.evaluate_menus(game, library, None, 60, 10_000)
+    after = guards.evaluate_menus(game, library, guard, 60, 10_000)
+    assert after["failure_rate"] <= 0.5 * before["failure_rate"]
+    assert after["menu_size"] < before["menu_size"]
+    hidden = []
+
+    def choose(runner, agent, menu):
+        option = library.scripted(runner.game, runner, agent, menu, False)
+        if not guard.allows(runner.game, agent, option):
+            hidden.append(option.text)
+        return option
+
+    for seed in range(20):
+        options.run_episode(game, library, choose, seed)
+    assert hidden == []
+    text = guards.report(guard, before, after)
+    assert "failure rate" in text and f"{game_name}/{layout}" in text
+
+
+def test_guarded_menu_is_never_empty():
+    game, library, guard = guards_for("kitchen", "forced_coordination")
+    game.reset(0)
+    game.held[0] = "soup"  # the left agent cannot reach the window: almost everything is filtered
+    menu = guard.menu_filter(game, 0, library.ground(game, 0))
+    assert menu and {"serve", "put_onion", "take"}.isdisjoint(o.kind for o in menu)
+    everything_off = guards.Guards({"options": {k: {"guards": [{"fact": "nope", "value": True}]}
+                                                for k in library.kinds}}, library)
+    assert [o.kind for o in everything_off.menu_filter(game, 0, library.ground(game, 0))] == ["wait"]
+
+
+def test_same_seed_gives_identical_guards_file(tmp_path):
+    game = envs.make_game("forage", "8x8_2p_2f", 0)
+    library = options.make_library(game)
+    settings = guards.BurnInSettings(episodes=40, rounds=2)
+    for name in ("a.json", "b.json"):
+        guards.build_guards(game, library, settings).save(str(tmp_path / name))
+    assert (tmp_path / "a.json").read_bytes() == (tmp_path / "b.json").read_bytes()
+
+
+def test_guards_file_validation_and_cache(tmp_path, monkeypatch):
+    game = envs.make_game("forage", "8x8_coop", 0)
+    library = options.make_library(game)
+    settings = guards.BurnInSettings(episodes=20, rounds=1)
+    first = guards.cached_guards(game, library, settings, str(tmp_path))
+    (path,) = tmp_path.glob("guards-forage-*.json")
+    monkeypatch.setattr(guards, "build_guards", lambda *a: pytest.fail("the cache was not used"))
+    assert guards.cached_guards(game, library, settings, str(tmp_path)).data == first.data
+    monkeypatch.undo()
+    with pytest.raises(guards.GuardError, match="is for forage/8x8_coop, not forage/8x8_solo"):
+        guards.load_guards(str(path), envs.make_game("forage", "8x8_solo"), library)
+    with pytest.raises(guards.GuardError, match="is for forage/8x8_coop, not coop_push/classic"):
+        other = envs.make_game("coop_push", "classic")
+        guards.load_guards(str(path), other, options.make_library(other))
+    with pytest.raises(guards.GuardError, match="burn-in settings"):
+        guards.load_guards(str(path), game, library, guards.BurnInSettings(episodes=21, rounds=1))
+    path.write_text(path.read_text()[:50])
+    with pytest.raises(guards.GuardError, match="is corrupt"):
+        guards.load_guards(str(path), game, library)
+    rebuilt = guards.cached_guards(game, library, settings, str(tmp_path))  # a damaged cache is rebuilt
+    assert rebuilt.data == first.data

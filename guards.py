@@ -1,0 +1,275 @@
+"""Feasibility guards synthesized from random burn-in, never written by hand.
+
+The method's menus are filtered by guards learned mechanically:
+
+1. Burn-in: a uniformly random policy over the *unfiltered* grounded menu plays `episodes` episodes of
+   the layout (no LLM). Every option execution is logged with its type, arguments, the boolean facts
+   that held when it started (options.Library.facts: a generic vocabulary about self, partner and each
+   argument) and its outcome.
+2. Synthesis, per option type, over its logged executions. A candidate literal is a fact or its negation.
+   A literal is adopted as a guard only if it
+   - explains repeated failures: it is false in at least `k` logged failures not already explained by
+     the guards adopted before it, and
+   - hides no logged success: it is true in every logged success of that option type.
+   Literals are adopted greedily, most newly explained failures first (ties: by literal text); stop when
+   none qualifies. A type with fewer than `min_successes` logged successes adopts no guard, so thin
+   evidence never hides an option.
+   Departure (documented, on by default, `rounds=1` turns it off): a random policy over the unfiltered
+   menu rarely reaches the deep states of a long task (in forced_coordination it almost never plates a
+   soup), so plate/serve would stay unjudged. A second burn-in round therefore samples half its choices
+   from the menu guarded by round 1 and half from the unfiltered menu, and synthesis runs again, with
+   the same rule, over the union of both rounds' logs: every option is still tried in every kind of
+   state, and any guard that a logged success contradicts is not adopted.
+3. The guarded menu of an agent: the grounded options whose guards all hold; `wait` stays if every other
+   option is filtered out, so a menu is never empty.
+
+Guards are saved as JSON with their evidence and the burn-in settings; `load_guards` validates a file.
+Test: `pytest test_all.py -k guard`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from envs import Game
+from options import Library, Option, random_choice, run_episode
+
+FORMAT = "pamagrpo-guards/1"
+
+
+class GuardError(ValueError):
+    """A guards file that is corrupt or belongs to another game or layout."""
+
+
+@dataclass(frozen=True)
+class BurnInSettings:
+    episodes: int = 150  # random-policy episodes per round (a few seconds on one core)
+    seed: int = 0  # burn-in seeds are seed, seed + 1, ...
+    k: int = 3  # a guard must explain at least k failures not already explained
+    min_successes: int = 5  # option types with fewer logged successes adopt no guard
+    rounds: int = 4  # burn-in rounds; round 1 is uniform over the unfiltered menu (the paper's burn-in)
+    explore: float = 0.2  # later rounds: share of choices uniform over the unfiltered menu
+
+
+@dataclass(frozen=True)
+class Record:
+    kind: str
+    args: tuple
+    facts: dict
+    success: bool
+
+
+def holds(literal: tuple[str, bool], facts: dict) -> bool:
+    fact, value = literal
+    return facts.get(fact, False) == value
+
+
+def literal_text(literal: tuple[str, bool]) -> str:
+    return literal[0] if literal[1] else f"not {literal[0]}"
+
+
+def burn_in(game: Game, library: Library, episodes: int, seed: int, guards: Guards | None = None,
+            explore: float = 0.5) -> list[Record]:
+    """Log every finished option execution of a random policy over the unfiltered menu.
+
+    With `guards` (later rounds), each choice is uniform over the guarded menu, except that with
+    probability `explore` it is uniform over the unfiltered menu, so every option keeps being tried
+    everywhere and a wrong guard can still be refuted by a logged success."""
+    rng = np.random.default_rng(seed)
+
+    def choose(runner, agent, menu):
+        if guards is not None and rng.random() >= explore:
+            menu = guards.menu_filter(runner.game, agent, menu)
+        return menu[int(rng.integers(len(menu)))]
+
+    records = []
+    for e in range(episodes):
+        episode = run_episode(game, library, random_choice(rng) if guards is None else choose, seed + e,
+                              record_facts=True)
+        records += [Record(x.option.kind, x.option.args, x.facts, x.success)
+                    for x in episode.executions if x.success is not None]
+    return records
+
+
+def synthesize_kind(records: list[Record], k: int, min_successes: int) -> dict:
+    """Guards of one option type from its logged executions (the rule in the module docstring)."""
+    successes = [r.facts for r in records if r.success]
+    failures = [r.facts for r in records if not r.success]
+    entry = {"guards": [], "executions": len(records), "successes": len(successes), "failures": len(failures),
+             "failures_explained": 0}
+    if len(successes) < min_successes:
+        entry["status"] = f"too few successes to judge (< {min_successes}): no guard"
+        return entry
+    facts = sorted({f for r in records for f in r.facts})
+    # a literal that hides no logged success: true in every success
+    candidates = [(f, v) for f in facts for v in (True, False) if all(holds((f, v), s) for s in successes)]
+    unexplained = list(range(len(failures)))
+    while True:
+        # failures each candidate newly explains (it is false there)
+        counts = {lit: sum(not holds(lit, failures[i]) for i in unexplained) for lit in candidates}
+        best = min(counts, key=lambda lit: (-counts[lit], literal_text(lit)), default=None)
+        if best is None or counts[best] < k:
+            break
+        entry["guards"].append({"literal": literal_text(best), "fact": best[0], "value": best[1],
+                                "failures_explained": counts[best]})
+        unexplained = [i for i in unexplained if holds(best, failures[i])]
+        candidates.remove(best)
+    entry["failures_explained"] = len(failures) - len(unexplained)
+    entry["status"] = "guarded" if entry["guards"] else "no literal explains repeated failures: no guard"
+    return entry
+
+
+def synthesize(records: list[Record], kinds: tuple[str, ...], k: int, min_successes: int) -> dict[str, dict]:
+    return {kind: synthesize_kind([r for r in records if r.kind == kind], k, min_successes) for kind in kinds}
+
+
+def layout_fingerprint(game: Game) -> str:
+    text = "\n".join(game.rows) + "\n" + json.dumps(game.options, sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+class Guards:
+    """Adopted guards of one game and layout; `menu_filter` plugs into options.Runner."""
+
+    def __init__(self, data: dict, library: Library):
+        self.data, self.library = data, library
+        self.literals = {kind: [(g["fact"], g["value"]) for g in entry["guards"]]
+                         for kind, entry in data["options"].items()}
+
+    def allows(self, game: Game, agent: int, option: Option) -> bool:
+        literals = self.literals.get(option.kind)
+        if not literals:
+            return True
+        facts = self.library.facts(game, agent, option)
+        return all(holds(lit, facts) for lit in literals)
+
+    def menu_filter(self, game: Game, agent: int, menu: list[Option]) -> list[Option]:
+        kept = [o for o in menu if self.allows(game, agent, o)]
+        return kept or [o for o in menu if o.kind == "wait"] or [self.library.wait()]
+
+    def save(self, path: str) -> None:
+        """Write atomically (a temporary file renamed into place), so a crash never leaves half a file."""
+        tmp = f"{path}.tmp"
+        with open(tmp, "w") as f:
+            json.dump(self.data, f, indent=1, sort_keys=True)
+        os.replace(tmp, path)
+
+
+def build_guards(game: Game, library: Library, settings: BurnInSettings) -> Guards:
+    """Burn-in rounds, then synthesis over the union of all logged executions."""
+    records: list[Record] = []
+    guards = None
+    for r in range(settings.rounds):
+        records += burn_in(game, library, settings.episodes, settings.seed + r * settings.episodes, guards,
+                           settings.explore)
+        data = {"format": FORMAT, "game": game.name, "layout": game.layout_name, "layout_fingerprint":
+                layout_fingerprint(game), "settings": asdict(settings), "records": len(records),
+                "options": synthesize(records, library.kinds, settings.k, settings.min_successes)}
+        guards = Guards(data, library)
+    return guards
+
+
+def load_guards(path: str, game: Game, library: Library, settings: BurnInSettings | None = None) -> Guards:
+    """Read and validate a guards file; corrupt or mismatched files raise GuardError (one line)."""
+    try:
+        with open(path) as f:
+            data = json.load(f)
+    except OSError as e:
+        raise GuardError(f"cannot read guards file {path}: {e.strerror}") from None
+    except json.JSONDecodeError as e:
+        raise GuardError(f"guards file {path} is corrupt (not JSON: {e.msg} at line {e.lineno})") from None
+    if not isinstance(data, dict) or data.get("format") != FORMAT or not isinstance(data.get("options"), dict):
+        raise GuardError(f"guards file {path} is not a {FORMAT} file")
+    if data.get("game") != game.name or data.get("layout_fingerprint") != layout_fingerprint(game):
+        raise GuardError(f"guards file {path} is for {data.get('game')}/{data.get('layout')}, "
+                         f"not {game.name}/{game.layout_name}")
+    if settings is not None and data.get("settings") != asdict(settings):
+        raise GuardError(f"guards file {path} was made with burn-in settings {data.get('settings')}, "
+                         f"not {asdict(settings)}")
+    for kind, entry in data["options"].items():
+        ok = kind in library.kinds and isinstance(entry, dict) and all(
+            isinstance(g, dict) and isinstance(g.get("fact"), str) and isinstance(g.get("value"), bool)
+            for g in entry.get("guards", [None]))
+        if not ok:
+            raise GuardError(f"guards file {path} is corrupt: bad entry for option type '{kind}'")
+    return Guards(data, library)
+
+
+def cached_guards(game: Game, library: Library, settings: BurnInSettings, cache_dir: str) -> Guards:
+    """Guards for this game, layout and settings: reused from `cache_dir` when already synthesized."""
+    key = hashlib.sha256(json.dumps([game.name, layout_fingerprint(game), asdict(settings),
+                                     FORMAT]).encode()).hexdigest()[:16]
+    path = os.path.join(cache_dir, f"guards-{game.name}-{key}.json")
+    if os.path.exists(path):
+        try:
+            return load_guards(path, game, library, settings)
+        except GuardError:
+            pass  # a damaged cache entry is rebuilt
+    guards = build_guards(game, library, settings)
+    os.makedirs(cache_dir, exist_ok=True)
+    guards.save(path)
+    return guards
+
+
+def evaluate_menus(game: Game, library: Library, guards: Guards | None, episodes: int, seed: int) -> dict:
+    """Failure rate of a random policy's option executions and mean menu size, with or without guards."""
+    rng = np.random.default_rng(seed)
+    menu_filter = guards.menu_filter if guards else None
+    sizes: list[int] = []
+
+    def choose(runner, agent, menu):
+        sizes.append(len(menu))
+        return menu[int(rng.integers(len(menu)))]
+
+    runs = [x for e in range(episodes) for x in run_episode(game, library, choose, seed + e, menu_filter).executions
+            if x.success is not None]
+    return {"failure_rate": float(np.mean([not x.success for x in runs])) if runs else 0.0,
+            "menu_size": float(np.mean(sizes)) if sizes else 0.0, "executions": len(runs)}
+
+
+def report(guards: Guards, before: dict, after: dict) -> str:
+    """Guards per option type in words, and random-policy failure rate and menu size before vs after."""
+    d = guards.data
+    s = d["settings"]
+    lines = [f"Guards for {d['game']}/{d['layout']} (burn-in: {s['rounds']} x {s['episodes']} random episodes, "
+             f"seed {s['seed']}, "
+             f"k={s['k']}, min successes {s['min_successes']}; {d['records']} executions logged)"]
+    for kind, entry in d["options"].items():
+        rule = " and ".join(g["literal"] for g in entry["guards"]) or "-"
+        lines.append(f"  {kind:<11} requires {rule:<60} ({entry['successes']} ok, {entry['failures']} failed, "
+                     f"{entry['failures_explained']} explained; {entry['status']})")
+    lines.append(f"  random policy: option failure rate {before['failure_rate']:.2f} -> {after['failure_rate']:.2f}, "
+                 f"mean menu size {before['menu_size']:.1f} -> {after['menu_size']:.1f}")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    import argparse
+    import sys
+
+    import envs
+    import options
+
+    parser = argparse.ArgumentParser(description="Synthesize and report guards for one game and layout.")
+    parser.add_argument("--game", default="coop_push")
+    parser.add_argument("--layout", default=None)
+    parser.add_argument("--episodes", type=int, default=BurnInSettings.episodes)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", default=None, help="write guards.json here")
+    cli = parser.parse_args()
+    try:
+        game = envs.make_game(cli.game, cli.layout, cli.seed)
+        library = options.make_library(game)
+        guards = build_guards(game, library, BurnInSettings(episodes=cli.episodes, seed=cli.seed))
+    except ValueError as e:
+        sys.exit(f"error: {e}")
+    before = evaluate_menus(game, library, None, 100, cli.seed + 10_000)
+    after = evaluate_menus(game, library, guards, 100, cli.seed + 10_000)
+    print(report(guards, before, after))
+    if cli.out:
+        guards.save(cli.out)
