@@ -144,6 +144,7 @@ class Game:
     """
 
     name = "game"
+    rules = ""  # one or two sentences for the LLM's system prompt
     legend: dict[str, str] = {}
     keys: dict[str, str] = {}
     layouts: dict[str, str] = {}
@@ -325,6 +326,8 @@ class CoopPush(Game):
     """
 
     name = "coop_push"
+    rules = ("Two agents push boxes onto the goal row at the top (north). A small box moves when one agent "
+             "pushes it; the heavy box moves only when both agents push it the same way at the same time.")
     legend = {"#": "wall", ".": "floor", "g": "goal", "b": "small box", "H": "heavy box half",
               **{str(k): f"agent {k}" for k in range(1, 10)}}
     keys = {"max_steps": "an integer >= 1", "random_starts": "yes or no"}
@@ -499,6 +502,8 @@ class Forage(Game):
     """
 
     name = "forage"
+    rules = ("Two agents collect food. Agents next to a food item that load it together collect it if their "
+             "levels add up to at least its level. Collect all the food.")
     legend = {".": "floor", "#": "wall", "f": "food", **{str(k): f"agent {k}" for k in range(1, 10)}}
     keys = {"max_steps": "an integer >= 1", "random_starts": "yes or no", "random_food": "yes or no",
             "agent_levels": "one integer >= 1 per agent", "food_levels": "one integer >= 1 per 'f'"}
@@ -652,6 +657,8 @@ class Kitchen(Game):
     """
 
     name = "kitchen"
+    rules = ("Two cooks make onion soup: put 3 onions in a pot, wait while it cooks, plate the soup with a dish, "
+             "serve it at the window. Items can be left on counters for the partner.")
     legend = {" ": "floor", ".": "floor", "X": "counter", "O": "onion dispenser", "D": "dish dispenser",
               "P": "pot", "S": "serving window", **{str(k): f"agent {k}" for k in range(1, 10)}}
     keys = {"max_steps": "an integer >= 1", "random_starts": "yes or no", "orders": "an integer >= 1",

@@ -115,6 +115,10 @@ def partner_cells(game: Game, agent: int) -> list[int]:
     return [p for j, p in enumerate(game.pos) if j != agent]
 
 
+def steps_words(steps: int) -> str:
+    return "here" if steps == 0 else f"{steps} step" + ("" if steps == 1 else "s")
+
+
 def navigate(game: Game, agent: int, targets: list[int], passable, memory: dict) -> int | None:
     """Next action toward the nearest target, going around the partner; if only the partner blocks
     the way, step toward it anyway (it may move). None: no target is reachable at all.
@@ -241,7 +245,7 @@ class PushOptions(Library):
             [c for b in game.boxes[k] for c in adjacent_cells(b, game.width, game.height)]
         reach = distances(game.pos[agent], lambda c: self.free(game, c), game.width, game.height)
         steps = min((reach[c] for c in targets if c in reach), default=None)
-        return option.text if steps is None else f"{option.text} ({steps} steps)"
+        return option.text if steps is None else f"{option.text} ({steps_words(steps)})"
 
     def scripted(self, game, runner, agent, menu, solo):
         """Heavy box first (both agents push it north), then the small boxes, split between the agents."""
@@ -333,7 +337,7 @@ class ForageOptions(Library):
         others = partner_cells(game, agent)
         reach = distances(game.pos[agent], lambda c: self.free(game, c) and c not in others, game.width, game.height)
         steps = min((reach[c] for c in game.neighbours[game.food[option.args[0]]] if c in reach), default=None)
-        return option.text if steps is None else f"{option.text} ({steps} steps)"
+        return option.text if steps is None else f"{option.text} ({steps_words(steps)})"
 
     def scripted(self, game, runner, agent, menu, solo):
         """Cooperative: every agent loads the same food (the first one left), so any level sum suffices.
@@ -476,7 +480,7 @@ class KitchenOptions(Library):
             return option.text
         reach = self.reach(game, agent, others=False)
         steps = min(reach[n] for n in adjacent_cells(targets[0], game.width, game.height) if n in reach)
-        return f"{option.text} ({steps} steps)"
+        return f"{option.text} ({steps_words(steps)})"
 
     def scripted(self, game, runner, agent, menu, solo):
         """Cook, plate and serve; an agent that cannot reach a pot (forced_coordination) fetches onions and
@@ -585,6 +589,7 @@ class Runner:
     executions: list = field(default_factory=list)  # every Execution, in start order
     events: list = field(default_factory=list)  # (t, kind, agents, obj)
     actions: list = field(default_factory=list)  # joint primitive action of each step
+    rewards: list = field(default_factory=list)  # team reward of each step
 
     def __post_init__(self):
         n = self.game.n_agents
@@ -615,8 +620,9 @@ class Runner:
         game, lib = self.game, self.library
         while not game.done and None not in self.current:
             joint = [lib.act(game, i, self.current[i], self.memory[i]) for i in range(game.n_agents)]
-            _, _, _, events = game.step(joint)
+            reward, _, _, events = game.step(joint)
             self.actions.append(joint)
+            self.rewards.append(reward)
             self.events += [(game.t, *e) for e in events]
             for i in range(game.n_agents):
                 run = self.running[i]
@@ -627,6 +633,18 @@ class Runner:
                 if result is not None:
                     run.success, run.reason = result
                     self.current[i] = None
+
+
+def observation(runner: Runner, agent: int, menu: list[Option]) -> tuple[str, list[str]]:
+    """What the policy reads: the agent's view (relations in words, and what the partner is doing now)
+    and the menu texts (with step distances)."""
+    game = runner.game
+    lines = [game.view(agent)]
+    for j, option in enumerate(runner.current):
+        if j != agent:
+            doing = option.text if option is not None else "choosing"
+            lines.append(f"{game.partner_word(agent, j).capitalize()} is doing: {doing}.")
+    return "\n".join(lines), [runner.library.describe(game, agent, o) for o in menu]
 
 
 @dataclass
