@@ -260,7 +260,8 @@ class PushOptions(Library):
         free = [k for k in small if k not in taken] or ([] if len(small) == 1 and not solo else small)
         # skip boxes whose pushing spot another agent stands on, when there is another box to push
         others = partner_cells(game, agent)
-        free = [k for k in free if game.boxes[k][0] + game.width not in others] or free
+        free = [k for k in free if game.boxes[k][0] + game.width not in others and
+                game.boxes[k][0] - game.width not in others] or free  # nobody on its pushing spot or its path
         if not free:
             return self.pick(menu, "wait")
         # the nearest box nobody else is pushing (agents decide in index order, so they split the boxes)
@@ -642,7 +643,10 @@ def observation(runner: Runner, agent: int, menu: list[Option]) -> tuple[str, li
     lines = [game.view(agent)]
     for j, option in enumerate(runner.current):
         if j != agent:
-            doing = option.text if option is not None else "choosing"
+            # a partner who chose at this very step counts as still choosing: decisions of one step are
+            # made together (pamagrpo batches them), whatever order they are assigned in
+            fresh = option is None or runner.running[j].start == game.t
+            doing = "choosing" if fresh else option.text
             lines.append(f"{game.partner_word(agent, j).capitalize()} is doing: {doing}.")
     return "\n".join(lines), [runner.library.describe(game, agent, o) for o in menu]
 

@@ -436,3 +436,152 @@ def test_guards_file_validation_and_cache(tmp_path, monkeypatch):
         guards.load_guards(str(path), game, library)
     rebuilt = guards.cached_guards(game, library, settings, str(tmp_path))  # a damaged cache is rebuilt
     assert rebuilt.data == first.data
+
+
+# ----------------------------------------------------------------------------- audits
+
+import audit  # noqa: E402
+from options import Episode, Execution, Option  # noqa: E402
+
+SOLO_LAYOUTS = [(g, name) for g, cls in envs.GAMES.items() for name in cls.solo_layouts]
+SEEDS = range(5)
+
+
+def run(agent, kind, args, start, duration, success, reason=""):
+    return Execution(agent, Option(kind, args, f"{kind} {args}", 15), start, duration, success, reason)
+
+
+def hand_made_episodes() -> list[Episode]:
+    """Two coop_push-like episodes whose metrics are computed by hand in the test below."""
+    executions = [  # each agent's executions tile its 10 steps
+        run(0, "push", (0, "north"), 0, 4, True), run(0, "wait", (), 4, 3, True),
+        run(0, "push", (1, "north"), 7, 3, False, "box did not move"),
+        run(1, "goto_box", (0,), 0, 2, True), run(1, "push", (1, "north"), 2, 4, True),
+        run(1, "wait", (), 6, 3, True), run(1, "push", (1, "north"), 9, 1, None),  # still running at the end
+    ]
+    events = [(1, "box_toward_goal", (0,), 0), (2, "box_toward_goal", (0, 1), 1), (2, "joint_push", (0, 1), 1),
+              (3, "box_delivered", (1,), 0), (4, "box_toward_goal", (0,), 0)]
+    idle = [run(0, "wait", (), 0, 3, True), run(1, "wait", (), 0, 3, True), run(0, "wait", (), 3, 2, None),
+            run(1, "wait", (), 3, 2, None)]
+    return [Episode(10.0, 0.5, 10, executions, events, []), Episode(0.0, 0.0, 5, idle, [], [])]
+
+
+def test_audit_metrics_of_hand_made_episodes():
+    m = audit.episode_metrics(hand_made_episodes(), 2, ("goto_box", "push", "wait"))
+    # progress credits: agent 0 in 3 events, agent 1 in 2 (the joint box_toward_goal counts for both;
+    # joint_push is a marker, not progress); shares normalized by the 5 credits
+    assert m["agent0.progress_share"] == pytest.approx(0.6) and m["agent1.progress_share"] == pytest.approx(0.4)
+    assert (m["agent0.reward_share"], m["agent1.reward_share"]) == (0.0, 1.0)  # box_delivered by agent 1
+    assert m["min_progress_share"] == pytest.approx(0.4)
+    # idle: agent 0 waits 3 + fails 3 of episode 1 and waits all 5 of episode 2, over 15 steps; agent 1
+    # waits 3 + 5 (its running push at the end of episode 1 counts as busy)
+    assert m["agent0.idle_fraction"] == pytest.approx(11 / 15) and m["agent1.idle_fraction"] == pytest.approx(8 / 15)
+    assert m["agent0.failure_rate"] == 0.5 and m["agent1.failure_rate"] == 0.0  # wait and running excluded
+    assert m["agent0.usage.push"] == pytest.approx(2 / 5) and m["agent0.usage.wait"] == pytest.approx(3 / 5)
+    assert m["agent1.usage.goto_box"] == pytest.approx(1 / 6) and m["agent0.usage.goto_box"] == 0.0
+    assert m["joint_events_per_episode"] == 0.5 and m["progress_events_per_episode"] == 2.0
+    # same object at once: box 0 at steps 0-1 (push / goto), box 1 at step 9; 3 of 15 steps
+    assert m["overlap_fraction"] == pytest.approx(3 / 15)
+    assert (m["score"], m["reward"], m["steps"], m["episodes"]) == (0.25, 5.0, 7.5, 2)
+
+
+def test_audit_shares_without_events_are_zero():
+    m = audit.episode_metrics(hand_made_episodes()[1:], 2, ("wait",))
+    assert m["agent0.progress_share"] == m["agent1.progress_share"] == 0.0
+    assert m["agent0.idle_fraction"] == 1.0 and m["overlap_fraction"] == 0.0
+
+
+def test_audit_of_a_tiny_layout_matches_hand_computation():
+    # the heavy box is one push from the goal and both agents stand under it: one joint push delivers it
+    game = envs.make_game("coop_push", "#####\n#ggg#\n#.HH#\n#.12#\n#####\nmax_steps: 20\n")
+    library = options.make_library(game)
+    m = audit.audit_team(game, library, [options.scripted_choice(False)] * 2, [0, 1])
+    assert (m["score"], m["steps"], m["joint_events_per_episode"], m["overlap_fraction"]) == (1.0, 1.0, 1.0, 1.0)
+    assert m["agent0.progress_share"] == m["agent1.progress_share"] == 0.5
+    assert m["agent0.idle_fraction"] == m["agent1.idle_fraction"] == 0.0
+    assert m["agent0.usage.push_heavy"] == 1.0
+    for i in range(2):  # nobody moves the heavy box alone
+        assert (m[f"agent{i}.ablation_idle_score"], m[f"agent{i}.ablation_idle_drop"]) == (0.0, 1.0)
+        assert m[f"agent{i}.ablation_idle_drop_rel"] == 1.0
+    assert m["summary"].startswith("interdependent")
+
+
+@pytest.mark.parametrize("game_name,layout", SOLO_LAYOUTS)
+def test_audit_solo_team_is_solo(game_name, layout):
+    game = envs.make_game(game_name, layout)
+    m = audit.audit_team(game, options.make_library(game), [options.scripted_choice(True)] * 2, SEEDS)
+    worker = int(np.argmax([m["agent0.progress_share"], m["agent1.progress_share"]]))
+    assert m[f"agent{worker}.progress_share"] >= 0.9
+    assert abs(m[f"agent{1 - worker}.ablation_idle_drop"]) <= 0.05
+    assert m[f"agent{1 - worker}.idle_fraction"] == 1.0
+    assert m["summary"].startswith("solo"), m["summary"]
+
+
+@pytest.mark.parametrize("game_name,layout", COOP_NECESSARY)
+def test_audit_cooperative_team_is_interdependent_where_cooperation_is_necessary(game_name, layout):
+    game = envs.make_game(game_name, layout)
+    m = audit.audit_team(game, options.make_library(game), [options.scripted_choice(False)] * 2, SEEDS)
+    assert m["score"] >= 0.9
+    assert m["agent0.ablation_idle_drop_rel"] >= 0.5 and m["agent1.ablation_idle_drop_rel"] >= 0.5
+    assert m["joint_events_per_episode"] > 0
+    assert m["summary"].startswith("interdependent"), m["summary"]
+
+
+def test_audit_same_seeds_give_identical_audits():
+    game = envs.make_game("forage", "8x8_2p_2f")
+    library = options.make_library(game)
+
+    def audit_once() -> dict:  # one random agent (freshly seeded) and one scripted agent
+        team = [options.random_choice(np.random.default_rng(3)), options.scripted_choice(False)]
+        return audit.audit_team(game, library, team, SEEDS, rng_seed=7)
+
+    first, second = audit_once(), audit_once()
+    assert first == second and first["agent1.ablation_random_score"] > 0
+
+
+def test_audit_random_stand_in_draws_from_the_guarded_menu():
+    game = envs.make_game("coop_push", "small_boxes")
+
+    def agent1_only_waits(game, agent, menu):  # a menu filter that leaves agent 2 nothing but wait
+        return menu if agent == 0 else [o for o in menu if o.kind == "wait"]
+
+    team = [options.scripted_choice(False)] * 2
+    m = audit.audit_team(game, options.make_library(game), team, SEEDS, agent1_only_waits)
+    # a random agent 2 over its guarded menu can only wait: exactly the idle stand-in, and the intact team
+    assert m["agent1.ablation_random_score"] == m["agent1.ablation_idle_score"] == m["score"] > 0
+    assert m["agent1.progress_share"] == 0.0 and m["summary"].startswith("solo")
+
+
+def test_audit_summary_thresholds():
+    def metrics(score, shares, costs):
+        m = {"score": score}
+        for i, (s, c) in enumerate(zip(shares, costs)):
+            m[f"agent{i}.progress_share"], m[f"agent{i}.ablation_idle_drop_rel"] = s, c
+        return m
+
+    cases = [((1.0, (0.96, 0.04), (1.0, 0.0)), "solo (agent 1 does 96% of progress; removing agent 2 costs 0%)"),
+             ((1.0, (0.7, 0.3), (0.8, 0.05)), "solo (agent 1 does 70% of progress; removing agent 2 costs 5%)"),
+             ((1.0, (0.5, 0.5), (0.5, 1.0)), "interdependent"), ((1.0, (0.5, 0.5), (0.0, 0.05)), "redundant"),
+             ((1.0, (0.5, 0.5), (1.0 - 0.9, 0.0)), "mixed"), ((1.0, (0.6, 0.4), (0.6, 0.3)), "mixed"),
+             ((0.0, (0.0, 0.0), (0.0, 0.0)), "no reward")]
+    for (score, shares, costs), expected in cases:
+        assert audit.summarize(metrics(score, shares, costs), 2).startswith(expected), (shares, costs)
+
+
+def test_audit_replay_table_plot_and_cli(tmp_path, capsys):
+    game = envs.make_game("coop_push", "small_boxes")
+    library = options.make_library(game)
+    text = audit.replay(game, library, [options.scripted_choice(False)] * 2, 0)
+    assert text.startswith("coop_push/small_boxes seed 0") and "#ggggg#" in text
+    assert "agent 1: push box" in text and "-> ok (box moved)" in text
+    rows = [{"game": "coop_push", "n_agents": 2, "score": 1.0, "summary": "solo (x)"}]
+    lines = audit.table(rows).splitlines()
+    assert len(lines) == 3 and lines[0].startswith("| game | score |") and "| 1.00 |" in lines[2]
+    records = [{"iteration": k, "eval.score": k / 4, "eval.min_progress_share": 0.1 * k,
+                "eval.min_ablation_idle_drop_rel": 0.0} for k in range(5)] + [{"iteration": 5}]
+    audit.plot_over_training(records, str(tmp_path / "audit.png"), prefix="eval.")
+    assert (tmp_path / "audit.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    audit.main(["--reference", "--seeds", "2"])
+    out = capsys.readouterr().out
+    n_rows = sum(len(cls.layouts) for cls in envs.GAMES.values()) * 2
+    assert len(out.strip().splitlines()) == 2 + n_rows and "interdependent" in out

@@ -1,0 +1,437 @@
+"""Behavioral audits: reward is not cooperation (the paper's second finding).
+
+A rising reward curve may only mean that one agent learned to run the whole task while its partner idles.
+This file measures who did the work, from the events each game attributes to the agents that caused them
+(envs.py), over evaluation episodes on fixed seeds, and what each agent is worth counterfactually.
+
+Metrics (`episode_metrics`; pooled over all episodes, so an episode without events never divides by 0):
+- `agentI.progress_share`: agent I's share of task-progress events, PROGRESS_KINDS (a box moved toward
+  the goal or delivered, a food loaded, an onion put in a pot, a soup plated or served, an item put on or
+  taken from a counter). An event caused by two agents counts once for each of them, and shares are
+  normalized by the sum of those per-agent counts, so they sum to 1 over the team (a team whose every
+  event is joint gets 0.5 / 0.5). The joint markers (JOINT_KINDS) are not counted here: each repeats a
+  progress event of the same step. `agentI.reward_share`: the same over REWARD_KINDS only. No events: 0.
+- `agentI.idle_fraction`: the fraction of the episodes' primitive steps agent I spent in `wait` options
+  or in options that ended in failure (timeouts included). Options still running when an episode ends
+  count as busy unless they are `wait`.
+- `agentI.usage.KIND`: the fraction of agent I's option executions of each option type (by count).
+- `agentI.failure_rate`: failed / finished executions, `wait` excluded (a wait never fails).
+- `joint_events_per_episode`: joint_push, joint_load and handoff events per episode.
+- `overlap_fraction`: the fraction of steps in which two agents run options on the same object at once,
+  i.e. with the same first argument whatever the option type (`goto box 2` and `push box 2 north`).
+- Counterfactual value (`audit_team`): the same seeds re-run with agent I replaced by an idle agent
+  (always `wait`, which still steps aside when next to its partner) and, separately, by a uniformly random
+  agent over its menu (guarded when a menu_filter is given). `agentI.ablation_idle_drop` is the drop of
+  the mean normalized score, `..._drop_rel` that drop divided by the intact team's score (0 when the
+  intact team scores 0). A negative drop means the team does better without that agent.
+
+Summary (`summarize`), checked in this order; agents are numbered from 1 in text, as on the map:
+- "no reward": the intact team scores 0, so there is nothing to lose by removing an agent.
+- "interdependent": removing any one agent costs >= NECESSARY_DROP (50%) of the score.
+- "solo": one agent does >= SOLO_SHARE (90%) of the progress, or it alone is necessary (removing it costs
+  >= 50%) while removing any other costs < DISPENSABLE_DROP (10%).
+- "redundant": all agents work but removing any one costs < 10%: each could do the task alone.
+- "mixed": anything else.
+
+Audits are deterministic when the `choose` functions are: each random stand-in agent draws from a
+generator seeded by (rng_seed, agent, episode seed). Run `python audit.py --reference` for the reference
+table of the scripted teams on every built-in layout; test: `pytest test_all.py -k audit`.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+import envs
+from envs import Game
+from options import Library, Option, make_library, random_choice, run_episode, scripted_choice
+
+PROGRESS_KINDS = ("box_toward_goal", "box_delivered", "food_loaded", "onion_in_pot", "soup_plated",
+                  "soup_served", "counter_place", "counter_take")
+REWARD_KINDS = ("box_delivered", "food_loaded", "soup_served")
+JOINT_KINDS = ("joint_push", "joint_load", "handoff")
+SOLO_SHARE = 0.9  # one agent doing at least this share of the progress runs the task alone
+DISPENSABLE_DROP = 0.1  # removing an agent that costs less than this (relative) loses nothing that matters
+NECESSARY_DROP = 0.5  # removing an agent that costs at least this (relative) makes it necessary
+
+Choose = Callable  # (runner, agent, menu) -> Option, as options.run_episode expects
+
+
+def team_choose(chooses: Sequence[Choose]) -> Choose:
+    """One `choose` for run_episode from one function per agent."""
+    return lambda runner, agent, menu: chooses[agent](runner, agent, menu)
+
+
+def idle_choice(runner, agent: int, menu: list[Option]) -> Option:
+    """The idle stand-in of the ablations: always wait."""
+    return Library.wait()
+
+
+# ----------------------------------------------------------------------------- metrics from episodes
+
+
+def credit(events: list, n_agents: int, kinds: Sequence[str]) -> list[int]:
+    """How many events of `kinds` each agent took part in (a two-agent event counts once for each)."""
+    counts = [0] * n_agents
+    for _, kind, agents, _ in events:
+        if kind in kinds:
+            for i in agents:
+                counts[i] += 1
+    return counts
+
+
+def shares(counts: list[int]) -> list[float]:
+    total = sum(counts)
+    return [c / total if total else 0.0 for c in counts]
+
+
+def overlap_steps(executions: list, n_agents: int, steps: int) -> int:
+    """Steps in which two agents run options with the same first argument (the same box, food or pot)."""
+    target: list[list] = [[None] * steps for _ in range(n_agents)]  # (agent, step) -> object or None
+    for x in executions:
+        if x.option.kind != "wait" and x.option.args:
+            for t in range(x.start, min(x.start + x.duration, steps)):
+                target[x.agent][t] = x.option.args[0]
+    count = 0
+    for t in range(steps):
+        objects = [target[i][t] for i in range(n_agents) if target[i][t] is not None]
+        count += len(objects) != len(set(objects))
+    return count
+
+
+def is_idle(execution) -> bool:
+    return execution.option.kind == "wait" or execution.success is False
+
+
+def episode_metrics(episodes: list, n_agents: int, kinds: Sequence[str]) -> dict:
+    """The flat metrics dict (module docstring) of episodes with .score, .total_reward, .steps,
+    .executions and .events, as options.Episode; `kinds` are the option types to report usage for."""
+    events = [e for ep in episodes for e in ep.events]
+    runs = [x for ep in episodes for x in ep.executions]
+    steps = sum(ep.steps for ep in episodes)
+    n = len(episodes)
+    m: dict = {"episodes": n, "n_agents": n_agents,
+               "score": float(np.mean([ep.score for ep in episodes])),
+               "reward": float(np.mean([ep.total_reward for ep in episodes])),
+               "steps": float(np.mean([ep.steps for ep in episodes])),
+               "progress_events_per_episode": sum(e[1] in PROGRESS_KINDS for e in events) / n,
+               "joint_events_per_episode": sum(e[1] in JOINT_KINDS for e in events) / n,
+               "overlap_fraction": sum(overlap_steps(ep.executions, n_agents, ep.steps) for ep in episodes)
+               / max(steps, 1)}
+    progress = shares(credit(events, n_agents, PROGRESS_KINDS))
+    reward = shares(credit(events, n_agents, REWARD_KINDS))
+    for i in range(n_agents):
+        mine = [x for x in runs if x.agent == i]
+        finished = [x for x in mine if x.option.kind != "wait" and x.success is not None]
+        m[f"agent{i}.progress_share"] = progress[i]
+        m[f"agent{i}.reward_share"] = reward[i]
+        m[f"agent{i}.idle_fraction"] = sum(x.duration for x in mine if is_idle(x)) / max(steps, 1)
+        m[f"agent{i}.failure_rate"] = sum(x.success is False for x in finished) / max(len(finished), 1)
+        for kind in kinds:
+            m[f"agent{i}.usage.{kind}"] = sum(x.option.kind == kind for x in mine) / max(len(mine), 1)
+    m["min_progress_share"] = min(progress)
+    return m
+
+
+def percent(x: float) -> str:
+    return f"{100 * x:.0f}%"
+
+
+def summarize(metrics: dict, n_agents: int) -> str:
+    """The cooperation label and its evidence, by the thresholds in the module docstring."""
+    share = [metrics[f"agent{i}.progress_share"] for i in range(n_agents)]
+    # rounded, so that a drop of 1.0 - 0.9 in floating point (0.0999...) is not read as "< 10%"
+    cost = [round(metrics[f"agent{i}.ablation_idle_drop_rel"], 9) for i in range(n_agents)]
+    share_text = "/".join(percent(s) for s in share)
+    cost_text = ", ".join(f"agent {i + 1} {percent(c)}" for i, c in enumerate(cost))
+    if metrics["score"] <= 0:
+        return f"no reward (progress shares {share_text})" if any(share) else "no reward (no progress events)"
+    if min(cost) >= NECESSARY_DROP:
+        return f"interdependent (removing any agent costs >= {percent(NECESSARY_DROP)}: {cost_text})"
+    top = int(np.argmax(share))
+    necessary = [i for i in range(n_agents) if cost[i] >= NECESSARY_DROP]
+    carries = len(necessary) == 1 and all(cost[j] < DISPENSABLE_DROP for j in range(n_agents) if j != necessary[0])
+    if share[top] >= SOLO_SHARE or carries:
+        worker = top if share[top] >= SOLO_SHARE else necessary[0]
+        others = [j for j in range(n_agents) if j != worker]
+        if not others:
+            return "solo (a one-agent team)"
+        spare = min(others, key=lambda j: (cost[j], j))
+        return (f"solo (agent {worker + 1} does {percent(share[worker])} of progress; "
+                f"removing agent {spare + 1} costs {percent(cost[spare])})")
+    if max(cost) < DISPENSABLE_DROP:
+        return (f"redundant (progress shares {share_text}; removing any one agent costs "
+                f"< {percent(DISPENSABLE_DROP)}: {cost_text})")
+    return f"mixed (progress shares {share_text}; removing an agent costs: {cost_text})"
+
+
+# ----------------------------------------------------------------------------- counterfactual audits
+
+
+def stand_in(name: str, agent: int, seed: int, rng_seed: int) -> Choose:
+    """The agent put in an ablated agent's place: 'idle' (always wait) or 'random' (uniform over its
+    menu, with a generator seeded by (rng_seed, agent, episode seed))."""
+    if name == "idle":
+        return idle_choice
+    return random_choice(np.random.default_rng([rng_seed, agent, seed]))
+
+
+def ablated_score(game: Game, library: Library, chooses: Sequence[Choose], seeds: Sequence[int], menu_filter,
+                  agent: int, name: str, rng_seed: int) -> float:
+    """Mean score on `seeds` with `agent` replaced by the stand-in `name`."""
+    scores = []
+    for seed in seeds:
+        team = list(chooses)
+        team[agent] = stand_in(name, agent, seed, rng_seed)
+        scores.append(run_episode(game, library, team_choose(team), seed, menu_filter).score)
+    return float(np.mean(scores))
+
+
+def audit_with(play_team: Callable[[dict], list], n_agents: int, kinds: Sequence[str]) -> dict:
+    """Metrics, the two ablations of every agent, and the summary (flat dict).
+
+    play_team(stand_ins) plays the evaluation seeds with agent i replaced by stand_ins[i] ('idle' or
+    'random'; {} = the intact team) and returns the episodes."""
+    m = episode_metrics(play_team({}), n_agents, kinds)
+    for i in range(n_agents):
+        for name in ("idle", "random"):
+            score = float(np.mean([ep.score for ep in play_team({i: name})]))
+            drop = m["score"] - score
+            m[f"agent{i}.ablation_{name}_score"] = score
+            m[f"agent{i}.ablation_{name}_drop"] = drop
+            m[f"agent{i}.ablation_{name}_drop_rel"] = drop / m["score"] if m["score"] > 0 else 0.0
+    m["min_ablation_idle_drop_rel"] = min(m[f"agent{i}.ablation_idle_drop_rel"] for i in range(n_agents))
+    m["summary"] = summarize(m, n_agents)
+    return m
+
+
+def audit_team(game: Game, library: Library, chooses: Sequence[Choose], seeds: Sequence[int],
+               menu_filter=None, rng_seed: int = 0) -> dict:
+    """audit_with for a team of `choose` functions (scripted, random, or pamagrpo.llm_choose)."""
+    if len(chooses) != game.n_agents:
+        raise ValueError(f"expected one choose function per agent ({game.n_agents}), got {len(chooses)}")
+    seeds = list(seeds)
+
+    def play_team(stand_ins: dict) -> list:
+        out = []
+        for seed in seeds:
+            team = [stand_in(stand_ins[i], i, seed, rng_seed) if i in stand_ins else c for i, c in enumerate(chooses)]
+            out.append(run_episode(game, library, team_choose(team), seed, menu_filter))
+        return out
+
+    return audit_with(play_team, game.n_agents, library.kinds)
+
+
+def audit_llm_team(policy, game_factory, library: Library, agents: list, seeds: Sequence[int], menu_filter=None,
+                   rng_seed: int = 0) -> dict:
+    """audit_with for LLM agents (adapter names, or None for the frozen base), played greedily with every
+    episode's decisions batched (pamagrpo.play); stand-ins replace agents as in audit_team."""
+    import pamagrpo
+
+    seeds = list(seeds)
+
+    def play_team(stand_ins: dict) -> list:
+        team = []
+        for i, a in enumerate(agents):
+            if i in stand_ins:  # one stand-in (and generator) per episode seed, as in audit_team
+                per_seed = {s: stand_in(stand_ins[i], i, s, rng_seed) for s in seeds}
+                a = lambda runner, agent, menu, per_seed=per_seed: per_seed[runner.game.seed](runner, agent, menu)  # noqa: E731
+            team.append(a)
+        gens = [pamagrpo.sampling_generator(rng_seed, pamagrpo.EVAL_ITERATION, s, 0) for s in seeds]
+        games = [game_factory() for _ in seeds]
+        runners, _ = pamagrpo.play(games, seeds, library, menu_filter, policy, team, 0.0, gens)
+        return pamagrpo.episodes(runners)
+
+    return audit_with(play_team, len(agents), library.kinds)
+
+
+def replay(game: Game, library: Library, chooses: Sequence[Choose], seed: int, menu_filter=None) -> str:
+    """One episode as ASCII frames, one at each decision point, with what each agent ran up to it."""
+    episode = run_episode(game, library, team_choose(chooses), seed, menu_filter, show=True)
+    # run_episode draws a frame after each stretch of steps that ends when some agent must decide (or at
+    # the end), i.e. at every later option start and at the last step
+    times = [0] + sorted({x.start for x in episode.executions if x.start > 0} | {episode.steps})
+    lines = [f"{game.name}/{game.layout_name} seed {seed}: score {episode.score:.2f}, {episode.steps} steps"]
+    for t, frame in zip(times, episode.frames):
+        last = frame.rsplit("\n", 1)
+        lines += ["", last[0] if len(last) == 2 and last[1].startswith("1:") else frame]  # drop runner's line
+        for x in sorted(episode.executions, key=lambda x: (x.agent, x.start)):
+            if t == 0 and x.start == 0:
+                lines.append(f"  agent {x.agent + 1}: {x.option.text}")
+            elif x.start < t <= x.start + x.duration:
+                ended = x.start + x.duration == t and x.success is not None
+                outcome = f"-> {'ok' if x.success else 'failed'} ({x.reason})" if ended else "(running)"
+                lines.append(f"  agent {x.agent + 1}: {x.option.text} {outcome}")
+    return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------- reports
+
+
+def reference_audits(seeds: Sequence[int]) -> list[dict]:
+    """The scripted cooperative and solo teams (options.scripted_choice) on every built-in layout."""
+    rows = []
+    for game_name, cls in envs.GAMES.items():
+        for layout in cls.layouts:
+            game = envs.make_game(game_name, layout)
+            library = make_library(game)
+            for team, solo in (("coop", False), ("solo", True)):
+                result = audit_team(game, library, [scripted_choice(solo)] * game.n_agents, seeds)
+                rows.append({"game": game_name, "layout": layout, "team": f"scripted {team}",
+                             "solo_layout": layout in cls.solo_layouts, **result})
+    return rows
+
+
+def default_columns(n_agents: int) -> list[str]:
+    per_agent = ("progress_share", "idle_fraction", "ablation_idle_drop_rel")
+    return ["score"] + [f"agent{i}.{key}" for key in per_agent for i in range(n_agents)] + \
+        ["joint_events_per_episode", "summary"]
+
+
+def table(rows: list[dict], columns: Sequence[str] | None = None) -> str:
+    """A markdown table of audit rows; by default game/layout/team (when present), score, progress share,
+    idle fraction and relative idle-ablation drop per agent, joint events per episode and the summary."""
+    if columns is None:
+        names = [c for c in ("game", "layout", "team") if any(c in row for row in rows)]
+        columns = names + default_columns(max((row.get("n_agents", 2) for row in rows), default=2))
+
+    def cell(value) -> str:
+        if isinstance(value, bool):
+            return "yes" if value else "no"
+        return f"{value:.2f}" if isinstance(value, float) else str(value)
+
+    lines = ["| " + " | ".join(columns) + " |", "|" + "|".join(" --- " for _ in columns) + "|"]
+    lines += ["| " + " | ".join(cell(row.get(c, "")) for c in columns) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def plot_over_training(records: list[dict], path: str, prefix: str = "") -> None:
+    """PNG: score (top) and cooperation measures (bottom) over training iterations.
+
+    records: one dict per iteration with `iteration` and audit keys (named `prefix + key`, e.g.
+    prefix "eval." for "eval.score"); records without `prefix + "score"` are skipped."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    rows = [r for r in records if prefix + "score" in r]
+    x = [r.get("iteration", k) for k, r in enumerate(rows)]
+    fig = Figure(figsize=(7, 6))
+    FigureCanvasAgg(fig)  # render with Agg, without touching pyplot's global state
+    top, bottom = fig.subplots(2, 1, sharex=True)
+    top.plot(x, [r[prefix + "score"] for r in rows], marker="o")
+    top.set_ylabel("normalized score")
+    top.set_ylim(-0.05, 1.05)
+    top.set_title("reward is not cooperation")
+    bottom.plot(x, [r[prefix + "min_progress_share"] for r in rows], marker="o", label="min progress share")
+    bottom.plot(x, [r[prefix + "min_ablation_idle_drop_rel"] for r in rows], marker="s",
+                label="min drop when an agent idles (relative)")
+    bottom.axhline(1 - SOLO_SHARE, color="gray", linestyle=":", linewidth=1)  # below: solo by share
+    bottom.axhline(NECESSARY_DROP, color="gray", linestyle="--", linewidth=1)  # above: interdependent
+    bottom.set_ylabel("cooperation")
+    bottom.set_xlabel("training iteration")
+    bottom.legend(loc="best", fontsize="small")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+
+
+def load_run(run_dir: str, model: str | None = None):
+    """(config, game_factory, library, guards or None, policy) of a train.py run folder."""
+    import json
+    import os
+
+    import guards as guard_lib
+    import policy as policy_lib
+
+    try:
+        with open(os.path.join(run_dir, "config.json")) as f:
+            config = json.load(f)
+    except (OSError, json.JSONDecodeError) as e:
+        raise ValueError(f"{run_dir}: no readable config.json ({e}); expected a run folder of train.py") from None
+    probe = envs.make_game(config["game"], config["layout"], 0)
+    library = make_library(probe, config["action_mode"])
+    guards = None
+    if config["action_mode"] == "options":
+        guards = guard_lib.load_guards(os.path.join(run_dir, "guards.json"), probe, library)
+    backbone, tokenizer = policy_lib.load_backbone(model or config["model"], config["device"], config["dtype"])
+    names = [f"agent{i}" for i in range(probe.n_agents)]
+    targets = policy_lib.LORA_TARGETS if config["lora_targets"] == "all" else \
+        tuple(t.strip() for t in config["lora_targets"].split(","))
+    policy = policy_lib.MenuPolicy(backbone, tokenizer, names, lora_rank=config["lora_rank"],
+                                   lora_alpha=config["lora_alpha"], lora_targets=targets,
+                                   scoring=config["scoring"], seed=config["seed"])
+
+    def game_factory() -> Game:
+        return envs.make_game(config["game"], config["layout"], 0)
+
+    return config, game_factory, library, guards, policy
+
+
+def audit_run(run_dir: str, seeds: Sequence[int]) -> list[dict]:
+    """Audit the frozen base and every adapter snapshot of a run (reward and cooperation over training);
+    writes audit.jsonl, audit.md (table + one replay) and audit.png into the run folder."""
+    import json
+    import os
+
+    import pamagrpo
+
+    config, game_factory, library, guards, policy = load_run(run_dir)
+    menu_filter = guards.menu_filter if guards else None
+    names = [f"agent{i}" for i in range(game_factory().n_agents)]
+    snap_dir = os.path.join(run_dir, "snapshots")
+    snapshots = sorted(os.listdir(snap_dir)) if os.path.isdir(snap_dir) else []
+    rows = [{"iteration": 0, "team": "frozen base",
+             **audit_llm_team(policy, game_factory, library, [None] * len(names), seeds, menu_filter)}]
+    print(table(rows[-1:]), flush=True)
+    for snap in snapshots:
+        policy.load_adapters(os.path.join(snap_dir, snap))
+        rows.append({"iteration": int(snap.split("_")[-1]), "team": f"adapters {snap}",
+                     **audit_llm_team(policy, game_factory, library, names, seeds, menu_filter)})
+        print(table(rows[-1:]), flush=True)
+    with open(os.path.join(run_dir, "audit.jsonl"), "w") as f:
+        f.writelines(json.dumps(r) + "\n" for r in rows)
+    columns = ["iteration", "team"] + default_columns(len(names))
+    text = [f"# Audit of {run_dir} ({config['game']}/{config['layout']}, {len(list(seeds))} seeds)", "",
+            table(rows, columns), ""]
+    if snapshots:
+        chooses = [pamagrpo.llm_choose(policy, n) for n in names]  # the last snapshot is still loaded
+        text += ["## Replay (last snapshot, greedy)", "", "```",
+                 replay(game_factory(), library, chooses, list(seeds)[0], menu_filter), "```", ""]
+    with open(os.path.join(run_dir, "audit.md"), "w") as f:
+        f.write("\n".join(text))
+    plot_over_training(rows, os.path.join(run_dir, "audit.png"))
+    return rows
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description="Behavioral audits: who does the work, and what each agent "
+                                                 "is worth counterfactually.")
+    parser.add_argument("--reference", action="store_true",
+                        help="audit the scripted coop and solo teams on every built-in layout")
+    parser.add_argument("run_dir", nargs="?", help="a train.py run folder: audit its snapshots over training")
+    parser.add_argument("--seeds", type=int, default=10, help="evaluation seeds (reference: 0..N-1; a run: "
+                                                             "its held-out seeds)")
+    cli = parser.parse_args(argv)
+    if cli.seeds < 1:
+        parser.exit(2, f"error: --seeds {cli.seeds}: expected an integer >= 1\n")
+    if cli.run_dir:
+        import guards as guard_lib
+        import policy as policy_lib
+        from pamagrpo import EVAL_SEED0
+
+        try:
+            audit_run(cli.run_dir, range(EVAL_SEED0, EVAL_SEED0 + cli.seeds))
+        except (ValueError, OSError, guard_lib.GuardError, policy_lib.ModelError) as e:
+            parser.exit(1, f"error: {e}\n")
+        return
+    if cli.reference:
+        columns = ["game", "layout", "team", "solo_layout"] + default_columns(2)
+        print(table(reference_audits(range(cli.seeds)), columns))
+        return
+    parser.print_help()
+
+
+if __name__ == "__main__":
+    main()
