@@ -1,7 +1,8 @@
 """Speed benchmarks: environments, option runner, menu scoring.
 
     python bench.py                 # every section, a table
-    python bench.py --only env      # one section: env | scoring
+    python bench.py --only env      # one section: env | scoring | backward
+    python bench.py --models tiny   # LLM sections for these models only (default: tiny, smollm2-135m)
     python bench.py --json          # one JSON object
 
 Speed is measured here and reported in the README, never asserted by timed tests.
@@ -66,7 +67,98 @@ def print_env(result: dict) -> None:
               f"{row['runner_decisions_per_s']:>12,}")
 
 
-SECTIONS = {"env": (section_env, print_env)}
+def real_decisions(policy, game_name: str, n: int, seed: int = 0) -> list:
+    """n real decisions of the default layout (guarded menus, random options), both agents; a group's
+    rollouts share their start state, so about one decision in four repeats one already seen."""
+    import guards as guard_lib
+    import policy as policy_lib
+
+    game = envs.make_game(game_name, None, seed)
+    library = options.make_library(game)
+    guard = guard_lib.cached_guards(game, library, guard_lib.BurnInSettings(), str(policy_lib.cache_root() / "guards"))
+    rng = np.random.default_rng(seed)
+    out = []
+    episode = 0
+    while len(out) < n:
+        game.reset(seed + episode // 4)  # four rollouts per start state
+        runner = options.Runner(game, library, guard.menu_filter)
+        while not runner.done and len(out) < n:
+            for agent in runner.pending():
+                menu = runner.menu(agent)
+                view, texts = options.observation(runner, agent, menu)
+                out.append(policy_lib.Decision(f"agent{agent}", policy.build_prompt(game.rules, view, texts),
+                                               tuple(texts)))
+                runner.assign(agent, menu[int(rng.integers(len(menu)))])
+            runner.advance()
+        episode += 1
+    return out[:n]
+
+
+def llm_policy(model: str, dtype: str, scoring: str = "text"):
+    import policy as policy_lib
+
+    network, tokenizer = policy_lib.load_backbone(model, "cpu", dtype)
+    return policy_lib.MenuPolicy(network, tokenizer, ["agent0", "agent1"], scoring=scoring)
+
+
+def bench_scoring(model: str, n: int, dtype: str = "float32", scoring: str = "text") -> dict:
+    """Decisions/s of the batched scorer (prefix shared by the options, duplicates computed once, many
+    decisions per forward) vs the naive one-option-at-a-time scorer, on the same real decisions."""
+    import policy as policy_lib
+
+    policy = llm_policy(model, dtype, scoring)
+    decisions = real_decisions(policy, "coop_push", n)
+    policy.menu_log_probs(decisions[:2])  # warm-up
+    start = time.perf_counter()
+    batched = policy.menu_log_probs(decisions)
+    batched_s = time.perf_counter() - start
+    start = time.perf_counter()
+    naive = [policy_lib.naive_menu_log_probs(policy, d) for d in decisions]
+    naive_s = time.perf_counter() - start
+    prompt_tokens = [len(policy.tokenize_decision(d)[0]) for d in decisions]
+    return {"model": model, "dtype": dtype, "scoring": scoring, "decisions": n, "unique": len(set(decisions)),
+            "prompt_tokens": float(np.mean(prompt_tokens)), "options": float(np.mean([len(d.menu) for d in decisions])),
+            "batched_per_s": n / batched_s, "naive_per_s": n / naive_s, "speedup": naive_s / batched_s,
+            "max_abs_diff": max(float((a - b).abs().max()) for a, b in zip(batched, naive))}
+
+
+def bench_backward(model: str, n: int, dtype: str, batch: int = 16) -> dict:
+    """Seconds per decision of the update's forward + backward (text scoring, mixed-adapter batches)."""
+    policy = llm_policy(model, dtype)
+    decisions = real_decisions(policy, "coop_push", n, seed=1)
+    params = policy.agent_parameters("agent0") + policy.agent_parameters("agent1")
+    start = time.perf_counter()
+    for i in range(0, n, batch):
+        loss = -sum(lp[0] for lp in policy.menu_log_probs(decisions[i:i + batch], grad=True))
+        loss.backward()
+        for p in params:
+            p.grad = None
+    return {"model": model, "dtype": dtype, "decisions": n, "s_per_decision": (time.perf_counter() - start) / n}
+
+
+MODELS = ["tiny", "smollm2-135m"]
+
+
+def section_scoring(quick: bool) -> list:
+    n = 16 if quick else 48
+    return [bench_scoring(m, n, dtype) for m in MODELS for dtype in (["float32"] if m == "tiny" else
+                                                                      ["float32", "bfloat16"])]
+
+
+def section_backward(quick: bool) -> list:
+    n = 16 if quick else 32
+    return [bench_backward(m, n, dtype) for m in MODELS for dtype in ("float32", "bfloat16")]
+
+
+def print_rows(rows: list) -> None:
+    columns = list(rows[0])
+    print("  ".join(columns))
+    for r in rows:
+        print("  ".join(f"{r[c]:.3g}" if isinstance(r[c], float) else str(r[c]) for c in columns))
+
+
+SECTIONS = {"env": (section_env, print_env), "scoring": (section_scoring, print_rows),
+            "backward": (section_backward, print_rows)}
 
 
 def main() -> None:
@@ -74,7 +166,13 @@ def main() -> None:
     parser.add_argument("--only", choices=sorted(SECTIONS), help="run one section")
     parser.add_argument("--quick", action="store_true", help="fewer repetitions")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
+    parser.add_argument("--models", default=",".join(MODELS), help="comma-separated models of the LLM sections")
+    parser.add_argument("--threads", type=int, default=2, help="torch threads")
     args = parser.parse_args()
+    import torch
+
+    torch.set_num_threads(args.threads)
+    MODELS[:] = args.models.split(",")
     results = {}
     for name, (run, show) in SECTIONS.items():
         if args.only and name != args.only:

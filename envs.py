@@ -265,7 +265,7 @@ class Game:
         return abs(r0 - r1) + abs(c0 - c1)
 
     def partner_word(self, agent: int, other: int) -> str:
-        return "your partner" if self.n_agents == 2 else f"agent {other + 1}"
+        return "partner" if self.n_agents == 2 else f"agent {other + 1}"
 
     def resolve_moves(self, actions: list[int], free) -> list[int]:
         """Target cells of each agent after the shared movement rule; `free(cell)` says a cell is walkable now."""
@@ -326,8 +326,7 @@ class CoopPush(Game):
     """
 
     name = "coop_push"
-    rules = ("Two agents push boxes onto the goal row at the top (north). A small box moves when one agent "
-             "pushes it; the heavy box moves only when both agents push it the same way at the same time.")
+    rules = "Push boxes north onto the goal row. A heavy box moves only if both agents push it together."
     legend = {"#": "wall", ".": "floor", "g": "goal", "b": "small box", "H": "heavy box half",
               **{str(k): f"agent {k}" for k in range(1, 10)}}
     keys = {"max_steps": "an integer >= 1", "random_starts": "yes or no"}
@@ -453,7 +452,7 @@ class CoopPush(Game):
 
     def view(self, agent: int) -> str:
         """Relations in words, one line per object (what a small LLM can use; see design.md)."""
-        lines = [f"You are agent {agent + 1}."]
+        lines = []
         for j in range(self.n_agents):
             if j != agent:
                 lines.append(f"{self.partner_word(agent, j).capitalize()}: {self.relation(agent, self.pos[j])}.")
@@ -466,8 +465,7 @@ class CoopPush(Game):
             rel = self.relation(agent, near)
             side = next((self.side_of(agent, c) for c in cells if self.side_of(agent, c)), None)
             where = f"; you are directly {side} of it" if side else ""
-            lines.append(f"Box {k + 1} ({kind}): {rel} of you, {in_words(self.box_distance(k), 'row')} "
-                         f"from the goal{where}.")
+            lines.append(f"Box {k + 1} ({kind}): {rel}, {in_words(self.box_distance(k), 'row')} from goal{where}.")
         return "\n".join(lines)
 
     def render(self) -> str:
@@ -502,8 +500,7 @@ class Forage(Game):
     """
 
     name = "forage"
-    rules = ("Two agents collect food. Agents next to a food item that load it together collect it if their "
-             "levels add up to at least its level. Collect all the food.")
+    rules = "Collect all food. Agents next to a food that load together collect it if their levels sum to its level."
     legend = {".": "floor", "#": "wall", "f": "food", **{str(k): f"agent {k}" for k in range(1, 10)}}
     keys = {"max_steps": "an integer >= 1", "random_starts": "yes or no", "random_food": "yes or no",
             "agent_levels": "one integer >= 1 per agent", "food_levels": "one integer >= 1 per 'f'"}
@@ -604,7 +601,7 @@ class Forage(Game):
         return other in self.neighbours[cell]
 
     def view(self, agent: int) -> str:
-        lines = [f"You are agent {agent + 1}, level {self.agent_levels[agent]}."]
+        lines = [f"You: level {self.agent_levels[agent]}."]
         for j in range(self.n_agents):
             if j != agent:
                 lines.append(f"{self.partner_word(agent, j).capitalize()} (level {self.agent_levels[j]}): "
@@ -619,7 +616,7 @@ class Forage(Game):
             for j in range(self.n_agents):
                 if j != agent and self.adjacent(self.pos[j], cell):
                     near.append(f"{self.partner_word(agent, j)} is next to it")
-            lines.append(f"Food {k + 1} (level {self.food_levels[k]}): {self.relation(agent, cell)} of you"
+            lines.append(f"Food {k + 1} (level {self.food_levels[k]}): {self.relation(agent, cell)}"
                          + ("; " + "; ".join(near) if near else "") + ".")
         return "\n".join(lines)
 
@@ -657,8 +654,7 @@ class Kitchen(Game):
     """
 
     name = "kitchen"
-    rules = ("Two cooks make onion soup: put 3 onions in a pot, wait while it cooks, plate the soup with a dish, "
-             "serve it at the window. Items can be left on counters for the partner.")
+    rules = "Make onion soup: 3 onions in a pot, let it cook, plate it with a dish, serve it. Counters pass items."
     legend = {" ": "floor", ".": "floor", "X": "counter", "O": "onion dispenser", "D": "dish dispenser",
               "P": "pot", "S": "serving window", **{str(k): f"agent {k}" for k in range(1, 10)}}
     keys = {"max_steps": "an integer >= 1", "random_starts": "yes or no", "orders": "an integer >= 1",
@@ -786,21 +782,21 @@ class Kitchen(Game):
         def hold(i: int) -> str:
             return f"holding {self.held[i]}" if self.held[i] else "empty-handed"
 
-        lines = [f"You are agent {agent + 1}, {hold(agent)}, soups served {self.served}/{self.orders}."]
+        lines = [f"You: {hold(agent)}. Soups served {self.served}/{self.orders}."]
         for j in range(self.n_agents):
             if j != agent:
                 lines.append(f"{self.partner_word(agent, j).capitalize()}: {self.relation(agent, self.pos[j])}, {hold(j)}.")
         for label, cells in (("Onions", self.onion_dispensers), ("Dishes", self.dish_dispensers),
                              ("Window", self.windows)):
             c = self.nearest(agent, cells)
-            lines.append(f"{label}: {self.relation(agent, c)} of you.")
+            lines.append(f"{label}: {self.relation(agent, c)}.")
         for k, c in enumerate(self.pots):
             state = self.pot_state(k)
             if state == "cooking":
                 state = f"cooking, {in_words(self.pot_timer[k], 'step')} left"
-            lines.append(f"Pot {k + 1}: {state}, {self.relation(agent, c)} of you.")
+            lines.append(f"Pot {k + 1}: {state}, {self.relation(agent, c)}.")
         for c, (item, _) in sorted(self.on_counter.items()):
-            lines.append(f"Counter: {item}, {self.relation(agent, c)} of you.")
+            lines.append(f"Counter: {item}, {self.relation(agent, c)}.")
         return "\n".join(lines)
 
     def render(self) -> str:

@@ -134,8 +134,8 @@ def test_counter_handoff_is_attributed_to_both():
 def test_views_name_you_and_partner_and_state_relations():
     game = envs.make_game("coop_push", "#####\n#ggg#\n#.b.#\n#.1.#\n#2..#\n#####\n")
     view = game.view(0)
-    assert "You are agent 1" in view and "Your partner: 1 south 1 west" in view
-    assert "Box 1 (small): 1 north of you, 1 row from the goal; you are directly south of it." in view
+    assert "Partner: 1 south 1 west." in view
+    assert "Box 1 (small): 1 north, 1 row from goal; you are directly south of it." in view
     assert "2" in game.render().split("\n")[4]
 
 
@@ -585,3 +585,333 @@ def test_audit_replay_table_plot_and_cli(tmp_path, capsys):
     out = capsys.readouterr().out
     n_rows = sum(len(cls.layouts) for cls in envs.GAMES.values()) * 2
     assert len(out.strip().splitlines()) == 2 + n_rows and "interdependent" in out
+
+
+# ----------------------------------------------------------------------------- policy (tiny random Llama)
+
+import os  # noqa: E402
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # before load_backbone first imports transformers
+
+import torch  # noqa: E402
+
+from policy import (  # noqa: E402
+    LABEL_POOL,
+    Decision,
+    MenuPolicy,
+    ModelError,
+    load_backbone,
+    naive_menu_log_probs,
+    option_labels,
+)
+
+SYSTEM = "Coop push: push boxes to the goal row. Heavy boxes need two agents pushing together."
+VIEW = "You are agent0 at row 3 col 2.\nBox 2: 3 steps north.\nPartner: 2 steps east, doing goto box 1."
+MENUS = [  # different token lengths, a prefix pair ("push box 2" / "push box 2 north"), K = 1..5
+    ("goto box 2 (3 steps)", "push box 2 north", "push box 2", "wait"),
+    ("wait", "goto box 1 (12 steps)", "push heavy box west together with partner", "push box 2", "goto goal"),
+    ("wait",),
+]
+
+
+def make_policy(scoring: str = "text", agents=("agent0", "agent1"), rank: int = 4) -> MenuPolicy:
+    """Tiny random backbone; adapters perturbed (LoRA B starts at 0) so agents differ from the base."""
+    model, tokenizer = load_backbone("tiny")
+    policy = MenuPolicy(model, tokenizer, list(agents), lora_rank=rank, lora_alpha=2 * rank, scoring=scoring)
+    generator = torch.Generator().manual_seed(7)
+    with torch.no_grad():
+        for agent in policy.agents:
+            for parameter in policy.agent_parameters(agent):
+                parameter.add_(0.3 * torch.randn(parameter.shape, generator=generator))
+    return policy
+
+
+def decisions_for(policy: MenuPolicy) -> list[Decision]:
+    out = []
+    for i, menu in enumerate(MENUS):
+        prompt = policy.build_prompt(SYSTEM, VIEW + f"\nStep {i}.", list(menu))
+        out += [Decision(agent, prompt, menu) for agent in ("agent0", "agent1", None)]
+    return out
+
+
+def stack(values: list[torch.Tensor]) -> torch.Tensor:
+    return torch.cat([v.detach() for v in values])
+
+
+@pytest.mark.parametrize("scoring", ["text", "label"])
+def test_policy_menu_log_probs_normalized_and_match_naive(scoring):
+    policy = make_policy(scoring)
+    decisions = decisions_for(policy)
+    batched = policy.menu_log_probs(decisions)
+    for decision, log_probs in zip(decisions, batched):
+        assert log_probs.dtype == torch.float32 and log_probs.shape == (len(decision.menu),)
+        assert abs(float(torch.logsumexp(log_probs, 0))) < 1e-5
+        assert torch.allclose(log_probs, naive_menu_log_probs(policy, decision), atol=1e-4)
+    # the agents really differ from each other and from the base, so the mixed batch is tested
+    assert not torch.allclose(batched[0], batched[1], atol=1e-3)
+    assert not torch.allclose(batched[0], batched[2], atol=1e-3)
+
+
+def test_policy_batched_equals_unbatched_and_dedup():
+    policy = make_policy("text")
+    decisions = decisions_for(policy)
+    batch = decisions + decisions[:4]  # duplicates, as at the start of a group's rollouts
+    batched = policy.menu_log_probs(batch)
+    for decision, log_probs in zip(batch, batched):
+        assert torch.allclose(log_probs, policy.menu_log_probs([decision])[0], atol=1e-5)
+    for i in range(4):  # a duplicate is computed once: the very same tensor comes back
+        assert batched[len(decisions) + i] is batched[i]
+    before = policy.tokens_processed
+    policy.menu_log_probs(decisions)
+    unique_tokens = policy.tokens_processed - before
+    policy.menu_log_probs(batch)
+    assert policy.tokens_processed - before == 2 * unique_tokens
+
+
+def test_policy_small_batch_budget_gives_same_result():
+    policy = make_policy("text")
+    decisions = decisions_for(policy)
+    reference = stack(policy.menu_log_probs(decisions))
+    policy.max_batch_tokens = 1  # one decision per forward
+    assert torch.allclose(stack(policy.menu_log_probs(decisions)), reference, atol=1e-5)
+
+
+@pytest.mark.parametrize("scoring", ["text", "label"])
+def test_policy_gradient_step_changes_only_that_agent(scoring):
+    policy = make_policy(scoring)
+    decisions = decisions_for(policy)
+    by_agent = {agent: [d for d in decisions if d.agent == agent] for agent in ("agent0", "agent1", None)}
+    before = {agent: stack(policy.menu_log_probs(ds)) for agent, ds in by_agent.items()}
+    agent1_before = [p.detach().clone() for p in policy.agent_parameters("agent1")]
+    log_probs = policy.menu_log_probs(by_agent["agent0"] + by_agent["agent1"], grad=True)
+    loss = -sum(lp[0] for lp in log_probs[: len(by_agent["agent0"])])  # agent0's loss only
+    loss.backward()
+    assert all(p.grad is None or not p.grad.any() for p in policy.agent_parameters("agent1"))
+    assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in policy.agent_parameters("agent0"))
+    base = [p for n, p in policy.peft.named_parameters() if "lora_" not in n]
+    assert all(not p.requires_grad and p.grad is None for p in base)
+    torch.optim.SGD(policy.agent_parameters("agent0"), lr=0.5).step()
+    after = {agent: stack(policy.menu_log_probs(ds)) for agent, ds in by_agent.items()}
+    assert not torch.allclose(after["agent0"], before["agent0"], atol=1e-4)
+    assert torch.equal(after["agent1"], before["agent1"]) and torch.equal(after[None], before[None])
+    assert all(torch.equal(a, b) for a, b in zip(agent1_before, policy.agent_parameters("agent1")))
+
+
+@pytest.mark.filterwarnings("ignore::FutureWarning")  # peft 0.21 calls a deprecated transformers API
+def test_policy_save_load_roundtrip_and_peft_format(tmp_path):
+    from peft import PeftModel
+
+    policy = make_policy("text")
+    decisions = decisions_for(policy)
+    reference = stack(policy.menu_log_probs(decisions))
+    policy.save_adapters(str(tmp_path))
+    assert (tmp_path / "agent0" / "adapter_config.json").exists()
+    assert (tmp_path / "agent1" / "adapter_model.safetensors").exists()
+
+    fresh_model, tokenizer = load_backbone("tiny")
+    fresh = MenuPolicy(fresh_model, tokenizer, ["agent0", "agent1"], lora_rank=4, lora_alpha=8)
+    assert not torch.allclose(stack(fresh.menu_log_probs(decisions)), reference, atol=1e-4)
+    fresh.load_adapters(str(tmp_path))
+    assert torch.equal(stack(fresh.menu_log_probs(decisions)), reference)
+
+    # elsewhere: plain peft on a plain base gives the same logits as the policy's agent0
+    base, _ = load_backbone("tiny")
+    plain = PeftModel.from_pretrained(base, str(tmp_path / "agent0")).eval()
+    ids = torch.tensor([tokenizer("push box 2 north").input_ids])
+    with torch.no_grad():
+        expected = policy.peft(input_ids=ids, adapter_names=["agent0"]).logits
+        assert torch.allclose(plain(input_ids=ids).logits, expected, atol=1e-5)
+
+    other_rank = MenuPolicy(load_backbone("tiny")[0], tokenizer, ["agent0", "agent1"], lora_rank=8)
+    with pytest.raises(ModelError, match="r=4"):
+        other_rank.load_adapters(str(tmp_path))
+    with pytest.raises(ModelError, match="cannot read adapter"):
+        fresh.load_adapters(str(tmp_path / "missing"))
+    (tmp_path / "agent1" / "adapter_model.safetensors").write_bytes(b"\x00garbage" * 10)
+    with pytest.raises(ModelError, match="cannot read adapter"):
+        fresh.load_adapters(str(tmp_path))
+    assert torch.equal(stack(fresh.menu_log_probs(decisions)), reference)  # all or nothing
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"model": "no-such-preset"}, "unknown preset"),
+    ({"model": "/no/such/folder"}, "not a model folder"),
+    ({"model": "tiny", "dtype": "float16"}, "accepted: float32, bfloat16"),
+    ({"model": "tiny", "device": "gpu0"}, "accepted: cpu"),
+])
+def test_policy_load_backbone_errors(kwargs, message):
+    with pytest.raises(ModelError, match=message) as error:
+        load_backbone(**kwargs)
+    assert "\n" not in str(error.value)
+
+
+def test_policy_sampling_deterministic_and_greedy():
+    policy = make_policy("text")
+    decisions = decisions_for(policy) * 3
+    first, log_probs = policy.sample(decisions, 1.0, torch.Generator().manual_seed(3))
+    second, _ = policy.sample(decisions, 1.0, torch.Generator().manual_seed(3))
+    assert first == second
+    assert all(0 <= k < len(d.menu) for k, d in zip(first, decisions))
+    argmax = [int(torch.argmax(lp)) for lp in log_probs]
+    assert policy.greedy(decisions) == argmax
+    assert policy.sample(decisions, 0.0, torch.Generator())[0] == argmax
+    assert policy.sample(decisions, 1e-4, torch.Generator().manual_seed(5))[0] == argmax  # cold = greedy
+
+
+def test_policy_labels_tied_to_option_identity():
+    menu_a = ["goto box 2 (3 steps)", "push box 2 north", "wait"]
+    menu_b = ["wait", "push box 1 east", "goto goal", "push box 2 north"]
+    pool = LABEL_POOL
+    labels_a = dict(zip(menu_a, option_labels(menu_a, pool)))
+    labels_b = dict(zip(menu_b, option_labels(menu_b, pool)))
+    assert labels_a["wait"] == labels_b["wait"]
+    assert labels_a["push box 2 north"] == labels_b["push box 2 north"]
+    assert option_labels(menu_b[::-1], pool) == option_labels(menu_b, pool)[::-1]  # order-free
+    assert len(set(option_labels(menu_b, pool))) == len(menu_b)
+    colliding = option_labels([f"option {i}" for i in range(len(pool))], pool)  # full pool: all distinct
+    assert len(set(colliding)) == len(pool)
+    policy = make_policy("label")
+    assert policy.label_pool == LABEL_POOL  # every letter is one SmolLM2 token
+    prompt = policy.build_prompt(SYSTEM, VIEW, menu_a)
+    assert all(f"{label}: {text}" in prompt for text, label in labels_a.items())
+
+
+# ----------------------------------------------------------------------------- PA-MAGRPO and train.py
+
+import pamagrpo  # noqa: E402
+import train  # noqa: E402
+
+
+def fake_step(rollout: int, agent: int, t: int, ret: float = 0.0) -> pamagrpo.Step:
+    decision = Decision(f"agent{agent}", "p", ("a", "b"))
+    return pamagrpo.Step(rollout, 0, agent, t, decision, 0, torch.zeros(2), ret)
+
+
+def test_return_to_go_credit():
+    class R:  # a runner with per-step team rewards
+        def __init__(self, rewards):
+            self.rewards = rewards
+
+    steps = [fake_step(0, 0, 0), fake_step(0, 1, 2), fake_step(1, 0, 3)]
+    runners = [R([0, 0, 10, 0, 100]), R([0, 0, 0, 0, 0, 10])]
+    pamagrpo.credit(steps, runners, 110.0, "to_go")
+    assert [s.ret for s in steps] == [pytest.approx(1.0), pytest.approx(1.0), pytest.approx(10 / 110)]
+    pamagrpo.credit(steps, runners, 110.0, "episode")
+    assert [s.ret for s in steps] == [pytest.approx(1.0), pytest.approx(1.0), pytest.approx(10 / 110)]
+    steps[1].t = 3
+    pamagrpo.credit(steps, runners, 110.0, "to_go")
+    assert steps[1].ret == pytest.approx(100 / 110)
+
+
+def test_per_agent_advantages_use_each_agents_own_statistics():
+    # group 0 = rollouts 0, 1; agent 0 decides 3 times, agent 1 once per rollout
+    steps = [fake_step(0, 0, 0, 1.0), fake_step(0, 0, 1, 1.0), fake_step(1, 0, 0, 0.0),
+             fake_step(0, 1, 0, 0.5), fake_step(1, 1, 0, 0.0)]
+    zero = pamagrpo.advantages(steps, [1.0, 0.0], [0, 0], "per_agent")
+    a0 = np.array([1.0, 1.0, 0.0])
+    expected0 = (a0 - a0.mean()) / a0.std()
+    assert [s.advantage for s in steps[:3]] == pytest.approx(list(expected0), rel=1e-5)
+    assert [s.advantage for s in steps[3:]] == pytest.approx([1.0, -1.0], rel=1e-5)  # (0.5 - 0.25) / 0.25
+    assert zero == 0.0
+    # the shared (MAGRPO) baseline: mean and std of the rollouts' episode returns, for every agent
+    pamagrpo.advantages(steps, [1.0, 0.0], [0, 0], "shared")
+    assert [s.advantage for s in steps] == pytest.approx([1.0, 1.0, -1.0, 0.0, -1.0], rel=1e-5)
+    # a group whose returns do not vary gives zero advantage, and is counted
+    flat = [fake_step(0, 0, 0, 0.3), fake_step(1, 0, 0, 0.3)]
+    assert pamagrpo.advantages(flat, [0.3, 0.3], [0, 0], "per_agent") == 1.0 and flat[0].advantage == 0.0
+
+
+def test_sampling_seeds_depend_only_on_iteration_group_and_rollout():
+    logp = torch.log_softmax(torch.tensor([0.1, 0.5, 0.2, 0.9]), 0)
+    draws = [pamagrpo.sample_choice(logp, 1.0, pamagrpo.sampling_generator(0, 3, 7, r)) for r in range(20)]
+    again = [pamagrpo.sample_choice(logp, 1.0, pamagrpo.sampling_generator(0, 3, 7, r)) for r in range(20)]
+    assert draws == again and len(set(draws)) > 1
+    assert pamagrpo.sample_choice(logp, 0.0, None) == 3
+
+
+def test_update_trains_every_agents_lora_and_never_the_base():
+    game = envs.make_game("coop_push", "heavy_only", 0)
+    library = options.make_library(game)
+    policy = make_policy(rank=4)
+    base_before = {n: p.detach().clone() for n, p in policy.peft.named_parameters() if "lora_" not in n}
+    lora_before = {a: [p.detach().clone() for p in policy.agent_parameters(a)] for a in policy.agents}
+    optimizers = pamagrpo.make_optimizers(policy, policy.agents, 1e-2)
+    for it in range(2):
+        record = pamagrpo.iteration(policy, optimizers, lambda: envs.make_game("coop_push", "heavy_only", 0),
+                                    library, None, [it], 4, 1.0, "to_go", "per_agent", pamagrpo.UpdateConfig(), 0, it)
+    assert record["train/agent0.decisions"] > 0 and record["train/agent1.decisions"] > 0
+    for n, p in policy.peft.named_parameters():
+        if "lora_" not in n:
+            assert torch.equal(p, base_before[n]), n
+    for a in policy.agents:
+        assert any(not torch.equal(p, q) for p, q in zip(policy.agent_parameters(a), lora_before[a]))
+
+
+def tiny_args(tmp_path, name: str, *extra: str) -> list[str]:
+    return ["--model", "tiny", "--game", "coop_push", "--layout", "heavy_only", "--group-size", "8",
+            "--start-states", "2", "--eval-episodes", "4", "--burn-in-episodes", "30", "--lr", "5e-3",
+            "--eval-interval", "0", "--out", str(tmp_path / name), "--cache", str(tmp_path / "cache"), *extra]
+
+
+def test_training_raises_reward_on_a_tiny_model(tmp_path):
+    run_dir = train.main(tiny_args(tmp_path, "run", "--iterations", "8"))
+    metrics = train.read_jsonl(os.path.join(run_dir, "metrics.jsonl"))
+    evals = train.read_jsonl(os.path.join(run_dir, "eval.jsonl"))
+    base = next(r["eval/score"] for r in evals if r.get("policy") == "base/options")
+    final = next(r["eval/score"] for r in evals if r["tag"] == "final")
+    assert len(metrics) == 8 and final >= base + 0.5
+    assert np.mean([m["rollout/score_mean"] for m in metrics[-3:]]) > metrics[0]["rollout/score_mean"] + 0.3
+    for key in ("rollout/zero_std_groups", "train/agent0.kl", "train/agent1.entropy", "train/agent0.grad_norm",
+                "train/agent1.clip", "time/tokens"):
+        assert key in metrics[-1]
+    for name in ("config.json", "guards.json", "report.md", "curve.png", "adapters/agent0/adapter_config.json",
+                 "adapters/agent1/adapter_model.safetensors"):
+        assert os.path.exists(os.path.join(run_dir, name)), name
+
+
+def test_resume_gives_the_same_adapters_as_an_uninterrupted_run(tmp_path):
+    from safetensors.torch import load_file
+
+    full = train.main(tiny_args(tmp_path, "full", "--iterations", "3"))
+    part = train.main(tiny_args(tmp_path, "part", "--iterations", "1"))
+    resumed = train.main(["--resume", part, "--iterations", "3"])
+    for agent in ("agent0", "agent1"):
+        a = load_file(os.path.join(full, "adapters", agent, "adapter_model.safetensors"))
+        b = load_file(os.path.join(resumed, "adapters", agent, "adapter_model.safetensors"))
+        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    strip = [{k: v for k, v in r.items() if not k.startswith("time/")} for r in train.read_jsonl(f"{full}/metrics.jsonl")]
+    again = [{k: v for k, v in r.items() if not k.startswith("time/")} for r in train.read_jsonl(f"{part}/metrics.jsonl")]
+    assert strip == again
+    with pytest.raises(train.ArgError, match="was made with --game 'coop_push', not 'forage'"):
+        train.main(["--resume", part, "--game", "forage"])
+    with pytest.raises(train.ArgError, match="a run already exists there"):
+        train.main(tiny_args(tmp_path, "full", "--iterations", "3"))
+    (tmp_path / "full" / "checkpoint" / "optimizers.pt").write_bytes(b"garbage")
+    with pytest.raises(train.ArgError, match="is corrupt"):
+        train.main(["--resume", full, "--iterations", "4"])
+
+
+@pytest.mark.parametrize("flags,message", [
+    (["--group-size", "0"], "--group-size 0: expected an integer >= 1"),
+    (["--scoring", "logits"], "--scoring 'logits': expected one of text, label"),
+    (["--clip-eps", "1.5"], "--clip-eps 1.5: expected a number in"),
+    (["--advantage", "global"], "--advantage 'global': expected one of per_agent, shared"),
+    (["--base-temperatures", "0,x"], "--base-temperatures '0,x': expected comma-separated numbers"),
+])
+def test_bad_flags_give_one_clear_error(flags, message):
+    with pytest.raises(train.ArgError, match=message):
+        train.parse_args(flags)
+
+
+def test_cli_errors_exit_nonzero_with_one_line(tmp_path):
+    import subprocess
+    import sys
+
+    for flags, message in ((["--game", "chess"], "--game 'chess': expected one of coop_push, forage, kitchen"),
+                           (["--layout", "nowhere"], "unknown layout 'nowhere' for game 'coop_push'"),
+                           (["--model", "no-such-model", "--iterations", "0"], "unknown")):
+        out = subprocess.run([sys.executable, "train.py", *flags, "--out", str(tmp_path / "x"),
+                              "--cache", str(tmp_path / "c"), "--burn-in-episodes", "5"],
+                             capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+        assert out.returncode != 0 and out.stderr.strip().splitlines()[-1].startswith("error: ")
+        assert message in out.stderr, out.stderr

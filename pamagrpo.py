@@ -1,0 +1,287 @@
+"""PA-MAGRPO: per-agent multi-agent GRPO over option menus.
+
+Each agent i has its own LoRA adapter (policy pi_i, see policy.py). One iteration:
+
+1. Group rollouts. B start states (seeds s); from each, G rollouts of the asynchronous option runner,
+   every agent sampling from its guarded menu at temperature T. Rollouts of a group share the start
+   state and differ only by sampling; sampling seeds derive from (seed, iteration, start state, rollout).
+2. Credit. Decision d of agent i in rollout g is credited with the team's normalized return
+   R_d = sum_{t >= t_d} r_t / R_max (the return-to-go from the decision's start step t_d; `credit="episode"`
+   uses the whole episode return instead).
+3. Per-agent advantages (Dr. MAS style). For agent i and group s, over agent i's own decisions D_{i,s}:
+       A_d = (R_d - mean_{D_{i,s}} R) / (std_{D_{i,s}} R + eps)
+   Agents make different numbers of decisions (options are asynchronous), so their statistics differ.
+   `advantage="shared"` is the MAGRPO baseline: the mean and std of the G rollouts' episode returns of
+   group s, the same for every agent. A group with zero spread gives zero advantage.
+4. Per-agent loss over agent i's decisions, with rho_d = pi_i(o_d | h_d) / pi_old(o_d | h_d):
+       L_i = mean_d[ -min(rho_d A_d, clip(rho_d, 1 - eps, 1 + eps) A_d) ]
+             + kl_coef * mean_d KL(pi_i(.|h_d) || pi_base(.|h_d))  -  entropy_coef * mean_d H(pi_i(.|h_d))
+   The KL is exact: the menu is a small categorical distribution. pi_base is the same model with adapters
+   disabled. One AdamW optimizer per agent over that agent's adapter only, gradient-norm clipping.
+
+Symbols -> names: B `start_states`, G `group_size`, T `temperature`, R_d `returns`, A_d `advantages`,
+rho_d `ratio`, eps `clip_eps`, pi_old `old_logp`, pi_base `base_logp`, H `entropy`.
+
+Departures from GRPO (Shao et al. 2024) and MAGRPO:
+- the "completion" is one option choice from a menu; its probability is exact (normalized over the menu);
+- per-agent normalization (above) instead of one group baseline shared by all agents (kept as a flag);
+- return-to-go credit by default (options make an episode a sequence of decisions, not one completion);
+- KL to the frozen base computed exactly over the menu instead of a sampled k3 estimator;
+- both agents' losses are summed into one mixed-adapter backward pass (an agent's LoRA weights get
+  gradient only from its own decisions), then each agent's optimizer steps on its own adapter.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+import envs
+import options
+from policy import Decision, MenuPolicy
+
+EVAL_SEED0 = 1_000_000  # evaluation seeds are EVAL_SEED0 + k; training seeds stay below it
+EVAL_ITERATION = 1 << 30  # the "iteration" of evaluation sampling seeds, apart from any training one
+
+
+@dataclass
+class Step:
+    """One decision of one agent in one rollout."""
+
+    rollout: int
+    group: int
+    agent: int
+    t: int  # primitive step at which the chosen option started
+    decision: Decision
+    choice: int
+    old_logp: torch.Tensor  # (K,) log-probabilities over the menu when it was sampled (rollout batch)
+    ret: float = 0.0  # credited return R_d
+    advantage: float = 0.0
+
+
+def agent_names(n_agents: int) -> list[str]:
+    return [f"agent{i}" for i in range(n_agents)]
+
+
+def sampling_generator(seed: int, iteration: int, start: int, rollout: int) -> torch.Generator:
+    """A generator that depends only on (seed, iteration, start state, rollout): never on batching or rank."""
+    mixed = np.random.SeedSequence([seed, iteration, start, rollout]).generate_state(1)[0]
+    return torch.Generator().manual_seed(int(mixed))
+
+
+def sample_choice(logp: torch.Tensor, temperature: float, generator: torch.Generator) -> int:
+    """Sample from softmax(logp / T); T == 0 is greedy (lowest index on ties)."""
+    if temperature <= 0:
+        return int(torch.argmax(logp))
+    probs = torch.softmax(logp.double() / temperature, dim=0)
+    return int(torch.multinomial(probs, 1, generator=generator))
+
+
+def play(games: list[envs.Game], seeds: list[int], library: options.Library, menu_filter, policy: MenuPolicy,
+         agents: list[str | None], temperature: float, generators: list[torch.Generator]):
+    """Play one episode per game in lockstep, batching every pending decision of every rollout into one
+    scoring call. agents[i]: adapter name of agent i, None for the frozen base, or a `choose(runner,
+    agent, menu)` function (a scripted stand-in, not recorded as a step). Returns (runners, steps)."""
+    runners = []
+    for game, seed in zip(games, seeds):
+        game.reset(seed)
+        runners.append(options.Runner(game, library, menu_filter))
+    steps: list[Step] = []
+    while True:
+        pending = [(r, i) for r, run in enumerate(runners) for i in run.pending()]
+        if not pending:
+            if all(run.done for run in runners):
+                return runners, steps
+            for run in runners:
+                run.advance()
+            continue
+        for r, i in [(r, i) for r, i in pending if callable(agents[i])]:  # scripted stand-ins (audits)
+            runners[r].assign(i, agents[i](runners[r], i, runners[r].menu(i)))
+        pending = [(r, i) for r, i in pending if not callable(agents[i])]
+        menus, decisions = [], []
+        for r, i in pending:
+            menu = runners[r].menu(i)
+            view, texts = options.observation(runners[r], i, menu)
+            prompt = policy.build_prompt(runners[r].game.rules, view, texts)
+            menus.append(menu)
+            decisions.append(Decision(agents[i], prompt, tuple(texts)))
+        logps = policy.menu_log_probs(decisions) if decisions else []
+        for (r, i), menu, decision, logp in zip(pending, menus, decisions, logps):
+            choice = sample_choice(logp, temperature, generators[r])
+            steps.append(Step(r, 0, i, runners[r].game.t, decision, choice, logp))
+            runners[r].assign(i, menu[choice])
+        for run in runners:
+            if not run.pending():
+                run.advance()
+
+
+def credit(steps: list[Step], runners: list[options.Runner], max_reward: float, mode: str) -> None:
+    """Set each step's credited return: return-to-go from its start step, or the episode return."""
+    for step in steps:
+        rewards = runners[step.rollout].rewards
+        total = sum(rewards) if mode == "episode" else sum(rewards[step.t:])
+        step.ret = total / max_reward
+
+
+def advantages(steps: list[Step], episode_returns: list[float], group_of: list[int], mode: str,
+               eps: float = 1e-6) -> float:
+    """Fill step.advantage; returns the fraction of zero-spread (agent, group) pairs (or groups, shared)."""
+    zero, total = 0, 0
+    groups = sorted(set(group_of))
+    if mode == "shared":  # MAGRPO: one baseline per group from its rollouts' episode returns
+        for s in groups:
+            rets = np.array([episode_returns[r] for r in range(len(group_of)) if group_of[r] == s])
+            mean, std = rets.mean(), rets.std()
+            total += 1
+            zero += std < eps
+            for step in steps:
+                if group_of[step.rollout] == s:
+                    step.advantage = 0.0 if std < eps else float((step.ret - mean) / (std + eps))
+        return zero / max(total, 1)
+    for s in groups:  # PA-MAGRPO: agent i's statistics over agent i's own decisions in group s
+        for i in sorted({st.agent for st in steps}):
+            mine = [st for st in steps if st.agent == i and group_of[st.rollout] == s]
+            if not mine:
+                continue
+            rets = np.array([st.ret for st in mine])
+            mean, std = rets.mean(), rets.std()
+            total += 1
+            zero += std < eps
+            for st in mine:
+                st.advantage = 0.0 if std < eps else float((st.ret - mean) / (std + eps))
+    return zero / max(total, 1)
+
+
+@dataclass
+class UpdateConfig:
+    clip_eps: float = 0.2
+    kl_coef: float = 0.05
+    entropy_coef: float = 0.0
+    epochs: int = 1
+    minibatch: int = 32
+    max_grad_norm: float = 1.0
+
+
+def update(policy: MenuPolicy, optimizers: dict[str, torch.optim.Optimizer], steps: list[Step],
+           cfg: UpdateConfig, order_seed: int) -> dict[str, float]:
+    """The clipped, KL-regularized per-agent update. Returns flat per-agent metrics."""
+    names = sorted(optimizers)
+    # pi_base over each menu, once (the base is frozen)
+    base = policy.menu_log_probs([Decision(None, s.decision.prompt, s.decision.menu) for s in steps])
+    stats = {n: {"kl": [], "clip": [], "entropy": [], "grad_norm": [], "loss": []} for n in names}
+    order = np.random.default_rng(order_seed).permutation(len(steps))
+    batches = [[int(k) for k in order[i:i + cfg.minibatch]] for i in range(0, len(steps), cfg.minibatch)]
+    # pi_old, recomputed before any step with exactly the minibatches of the update: a decision's log-prob
+    # depends slightly on its batch in bfloat16, and the ratio must start at exactly 1
+    old = {}
+    for batch in batches:
+        old.update(zip(batch, policy.menu_log_probs([steps[k].decision for k in batch])))
+    for _ in range(cfg.epochs):
+        for batch in batches:
+            new = policy.menu_log_probs([steps[k].decision for k in batch], grad=True)
+            losses = {}
+            for n in names:
+                rows = [(k, logp) for k, logp in zip(batch, new) if steps[k].decision.agent == n]
+                if not rows:
+                    continue
+                terms = []
+                for k, logp in rows:  # logp: (K,) over this decision's menu
+                    st = steps[k]
+                    ratio = torch.exp(logp[st.choice] - old[k][st.choice])
+                    adv = st.advantage
+                    surrogate = -torch.min(ratio * adv, torch.clamp(ratio, 1 - cfg.clip_eps, 1 + cfg.clip_eps) * adv)
+                    p = logp.exp()
+                    kl = torch.sum(p * (logp - base[k]))  # exact KL(pi_i || pi_base) over the menu
+                    entropy = -torch.sum(p * logp)
+                    terms.append(surrogate + cfg.kl_coef * kl - cfg.entropy_coef * entropy)
+                    stats[n]["kl"].append(float(kl.detach()))
+                    stats[n]["entropy"].append(float(entropy.detach()))
+                    stats[n]["clip"].append(float(abs(float(ratio.detach()) - 1) > cfg.clip_eps))
+                losses[n] = torch.stack(terms).mean()
+            if not losses:
+                continue
+            for n in names:
+                optimizers[n].zero_grad(set_to_none=True)
+            # summing is safe: agent n's adapter only receives gradient from agent n's rows
+            sum(losses.values()).backward()
+            for n, loss in losses.items():
+                params = policy.agent_parameters(n)
+                norm = torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
+                optimizers[n].step()
+                stats[n]["grad_norm"].append(float(norm))
+                stats[n]["loss"].append(float(loss.detach()))
+    out = {}
+    for n in names:
+        for key, values in stats[n].items():
+            out[f"{n}.{key}"] = float(np.mean(values)) if values else 0.0
+        out[f"{n}.decisions"] = sum(s.decision.agent == n for s in steps)
+    return out
+
+
+def make_optimizers(policy: MenuPolicy, names: list[str], lr: float) -> dict[str, torch.optim.Optimizer]:
+    return {n: torch.optim.AdamW(policy.agent_parameters(n), lr=lr, weight_decay=0.0) for n in names}
+
+
+def iteration(policy: MenuPolicy, optimizers, game_factory, library, menu_filter, seeds: list[int],
+              group_size: int, temperature: float, credit_mode: str, advantage_mode: str, cfg: UpdateConfig,
+              seed: int, it: int) -> dict[str, float]:
+    """One PA-MAGRPO iteration: group rollouts -> credit -> advantages -> per-agent update. Returns metrics."""
+    t0 = time.perf_counter()
+    tokens0 = policy.tokens_processed
+    n_rollouts = len(seeds) * group_size
+    games = [game_factory() for _ in range(n_rollouts)]
+    rollout_seeds = [seeds[r // group_size] for r in range(n_rollouts)]
+    group_of = [r // group_size for r in range(n_rollouts)]
+    gens = [sampling_generator(seed, it, rollout_seeds[r], r % group_size) for r in range(n_rollouts)]
+    names = sorted(optimizers)
+    runners, steps = play(games, rollout_seeds, library, menu_filter, policy, names, temperature, gens)
+    for st in steps:
+        st.group = group_of[st.rollout]
+    t_rollout = time.perf_counter() - t0
+    max_reward = games[0].max_reward
+    credit(steps, runners, max_reward, credit_mode)
+    episode_returns = [sum(run.rewards) / max_reward for run in runners]
+    zero_frac = advantages(steps, episode_returns, group_of, advantage_mode)
+    metrics = update(policy, optimizers, steps, cfg, order_seed=seed * 1_000_003 + it)
+    scores = [run.game.score for run in runners]
+    raw = [run.game.total_reward for run in runners]
+    elapsed = time.perf_counter() - t0
+    out = {"iteration": it, "rollout/return_mean": float(np.mean(raw)), "rollout/return_std": float(np.std(raw)),
+           "rollout/score_mean": float(np.mean(scores)), "rollout/zero_std_groups": zero_frac,
+           "rollout/decisions": len(steps), "rollout/episode_steps": float(np.mean([r.game.t for r in runners])),
+           "time/rollout_s": t_rollout, "time/update_s": elapsed - t_rollout, "time/iteration_s": elapsed,
+           "time/tokens": policy.tokens_processed - tokens0}
+    out.update({f"train/{k}": v for k, v in metrics.items()})
+    return out
+
+
+def evaluate(policy: MenuPolicy, game_factory, library, menu_filter, seeds: list[int], agents: list[str | None],
+             temperature: float = 0.0, seed: int = 0) -> dict[str, float]:
+    """Greedy (T = 0) or sampled evaluation on fixed seeds: mean normalized score and return."""
+    games = [game_factory() for _ in seeds]
+    gens = [sampling_generator(seed, EVAL_ITERATION, s, 0) for s in seeds]
+    runners, steps = play(games, seeds, library, menu_filter, policy, agents, temperature, gens)
+    scores = [run.game.score for run in runners]
+    return {"score": float(np.mean(scores)), "score_std": float(np.std(scores)),
+            "return": float(np.mean([run.game.total_reward for run in runners])),
+            "decisions": len(steps), "entropy": float(np.mean([-(s.old_logp.exp() * s.old_logp).sum()
+                                                               for s in steps])) if steps else math.nan}
+
+
+def episodes(runners: list[options.Runner]) -> list[options.Episode]:
+    """The runners' episodes in the shape options.run_episode returns (for audit.py)."""
+    return [options.Episode(r.game.total_reward, r.game.score, r.game.t, r.executions, r.events, [])
+            for r in runners]
+
+
+def llm_choose(policy: MenuPolicy, agent_name: str | None):
+    """A greedy LLM agent as an options.run_episode `choose` function (one decision at a time; audits)."""
+    def choose(runner, agent, menu):
+        view, texts = options.observation(runner, agent, menu)
+        decision = Decision(agent_name, policy.build_prompt(runner.game.rules, view, texts), tuple(texts))
+        return menu[int(torch.argmax(policy.menu_log_probs([decision])[0]))]
+    return choose

