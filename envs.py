@@ -690,7 +690,7 @@ class Kitchen(Game):
                             ("dish dispenser 'D'", self.dish_dispensers), ("serving window 'S'", self.windows)):
             if not found:
                 raise LayoutError(f"layout '{self.layout_name}': line 1 column 1: expected at least one {what}")
-        for cell, ch in enumerate(cells):
+        for cell in range(len(cells)):
             r, col = self.rc(cell)
             if self.floor[cell] and (r in (0, self.height - 1) or col in (0, self.width - 1)):
                 raise LayoutError(f"layout '{self.layout_name}': line {r + 1} column {col + 1}: expected a "
@@ -785,7 +785,8 @@ class Kitchen(Game):
         lines = [f"You: {hold(agent)}. Soups served {self.served}/{self.orders}."]
         for j in range(self.n_agents):
             if j != agent:
-                lines.append(f"{self.partner_word(agent, j).capitalize()}: {self.relation(agent, self.pos[j])}, {hold(j)}.")
+                who = self.partner_word(agent, j).capitalize()
+                lines.append(f"{who}: {self.relation(agent, self.pos[j])}, {hold(j)}.")
         for label, cells in (("Onions", self.onion_dispensers), ("Dishes", self.dish_dispensers),
                              ("Window", self.windows)):
             c = self.nearest(agent, cells)

@@ -454,7 +454,8 @@ class KitchenOptions(Library):
         held = game.held[agent]
         partner = [j for j in range(game.n_agents) if j != agent]
         f = {"self.empty_handed": held is None, **{f"self.holding_{i}": held == i for i in game.ITEMS},
-             "self.reaches_onions": reachable(game.onion_dispensers), "self.reaches_dishes": reachable(game.dish_dispensers),
+             "self.reaches_onions": reachable(game.onion_dispensers),
+             "self.reaches_dishes": reachable(game.dish_dispensers),
              "self.reaches_window": reachable(game.windows), "self.reaches_a_pot": reachable(game.pots),
              "self.reaches_free_counter": reachable([c for c in game.counters if c not in game.on_counter]),
              **{f"partner.holding_{i}": any(game.held[j] == i for j in partner) for i in game.ITEMS},
@@ -496,10 +497,10 @@ class KitchenOptions(Library):
 
         def busy_with(kinds) -> int:  # items other agents hold or are fetching
             count = 0
+            fetching = [(f"fetch_{k}", ()) for k in kinds] + [("take", (k,)) for k in kinds]
             for j in others:
                 opt = runner.current[j]
-                count += game.held[j] in kinds or (opt is not None and (opt.kind, opt.args) in
-                                                   [(f"fetch_{k}", ()) for k in kinds] + [("take", (k,)) for k in kinds])
+                count += game.held[j] in kinds or (opt is not None and (opt.kind, opt.args) in fetching)
             return count + sum(item in kinds for item, _ in game.on_counter.values())
 
         pots = [k for k in range(len(game.pots)) if can([game.pots[k]])]

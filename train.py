@@ -47,7 +47,7 @@ class Args:
     layout: str | None = None  # a built-in layout name or a layout file; default: the game's classic layout
     model: str = "smollm2-135m"  # preset (smollm2-135m, gemma3-270m, tiny), local dir, .gguf file or hub id
     device: str = "cpu"  # cpu | cuda
-    dtype: str = "float32"  # float32 | bfloat16 (one dtype for rollouts and the update ratio)
+    dtype: str = "bfloat16"  # bfloat16 (measured ~2x faster forward here) | float32; one dtype throughout
     threads: int = 2  # torch CPU threads
     iterations: int = 30  # PA-MAGRPO iterations (0: only evaluate the frozen base)
     start_states: int = 2  # B: start states (seeds) per iteration
