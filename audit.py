@@ -357,10 +357,9 @@ def load_run(run_dir: str, model: str | None = None):
         guards = guard_lib.load_guards(os.path.join(run_dir, "guards.json"), probe, library)
     backbone, tokenizer = policy_lib.load_backbone(model or config["model"], config["device"], config["dtype"])
     names = [f"agent{i}" for i in range(probe.n_agents)]
-    targets = policy_lib.LORA_TARGETS if config["lora_targets"] == "all" else \
-        tuple(t.strip() for t in config["lora_targets"].split(","))
     policy = policy_lib.MenuPolicy(backbone, tokenizer, names, lora_rank=config["lora_rank"],
-                                   lora_alpha=config["lora_alpha"], lora_targets=targets,
+                                   lora_alpha=config["lora_alpha"],
+                                   lora_targets=policy_lib.parse_lora_targets(config["lora_targets"]),
                                    scoring=config["scoring"], seed=config["seed"])
 
     def game_factory() -> Game:

@@ -1,7 +1,7 @@
 """Speed benchmarks: environments, option runner, menu scoring.
 
     python bench.py                 # every section, a table
-    python bench.py --only env      # one section: env | scoring | backward
+    python bench.py --only env      # one section: env | prompts | scoring | backward
     python bench.py --models tiny   # LLM sections for these models only (default: tiny, smollm2-135m)
     python bench.py --json          # one JSON object
 
@@ -139,6 +139,19 @@ def bench_backward(model: str, n: int, dtype: str, batch: int = 16) -> dict:
 MODELS = ["tiny", "smollm2-135m"]
 
 
+def section_prompts(quick: bool) -> list:
+    """Prompt tokens (SmolLM2 tokenizer; the tiny model shares it) of real decisions of each default layout."""
+    policy = llm_policy("tiny", "float32")
+    rows = []
+    for game_name in envs.GAMES:
+        decisions = real_decisions(policy, game_name, 32 if quick else 128)
+        tokens = [len(policy.tokenize_decision(d)[0]) for d in decisions]
+        rows.append({"game": game_name, "decisions": len(decisions), "mean_prompt_tokens": float(np.mean(tokens)),
+                     "max_prompt_tokens": max(tokens),
+                     "mean_options": float(np.mean([len(d.menu) for d in decisions]))})
+    return rows
+
+
 def section_scoring(quick: bool) -> list:
     n = 16 if quick else 48
     return [bench_scoring(m, n, dtype) for m in MODELS for dtype in (["float32"] if m == "tiny" else
@@ -157,7 +170,8 @@ def print_rows(rows: list) -> None:
         print("  ".join(f"{r[c]:.3g}" if isinstance(r[c], float) else str(r[c]) for c in columns))
 
 
-SECTIONS = {"env": (section_env, print_env), "scoring": (section_scoring, print_rows),
+SECTIONS = {"env": (section_env, print_env), "prompts": (section_prompts, print_rows),
+            "scoring": (section_scoring, print_rows),
             "backward": (section_backward, print_rows)}
 
 
@@ -186,4 +200,11 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    import sys
+
+    import policy as policy_lib
+
+    try:
+        main()
+    except (policy_lib.ModelError, ValueError) as e:
+        sys.exit(f"error: {e}")

@@ -251,6 +251,7 @@ def report(guards: Guards, before: dict, after: dict) -> str:
 if __name__ == "__main__":
     import argparse
     import sys
+    import time
 
     import envs
     import options
@@ -265,11 +266,14 @@ if __name__ == "__main__":
     try:
         game = envs.make_game(cli.game, cli.layout, cli.seed)
         library = options.make_library(game)
+        start = time.perf_counter()
         guards = build_guards(game, library, BurnInSettings(episodes=cli.episodes, seed=cli.seed))
+        took = time.perf_counter() - start
     except ValueError as e:
         sys.exit(f"error: {e}")
     before = evaluate_menus(game, library, None, 100, cli.seed + 10_000)
     after = evaluate_menus(game, library, guards, 100, cli.seed + 10_000)
     print(report(guards, before, after))
+    print(f"  burn-in and synthesis took {took:.1f} s")
     if cli.out:
         guards.save(cli.out)

@@ -53,7 +53,6 @@ class Step:
     """One decision of one agent in one rollout."""
 
     rollout: int
-    group: int
     agent: int
     t: int  # primitive step at which the chosen option started
     decision: Decision
@@ -93,12 +92,8 @@ def play(games: list[envs.Game], seeds: list[int], library: options.Library, men
     steps: list[Step] = []
     while True:
         pending = [(r, i) for r, run in enumerate(runners) for i in run.pending()]
-        if not pending:
-            if all(run.done for run in runners):
-                return runners, steps
-            for run in runners:
-                run.advance()
-            continue
+        if not pending:  # every runner was advanced until a decision or its end: all have ended
+            return runners, steps
         for r, i in [(r, i) for r, i in pending if callable(agents[i])]:  # scripted stand-ins (audits)
             runners[r].assign(i, agents[i](runners[r], i, runners[r].menu(i)))
         pending = [(r, i) for r, i in pending if not callable(agents[i])]
@@ -112,7 +107,7 @@ def play(games: list[envs.Game], seeds: list[int], library: options.Library, men
         logps = policy.menu_log_probs(decisions) if decisions else []
         for (r, i), menu, decision, logp in zip(pending, menus, decisions, logps):
             choice = sample_choice(logp, temperature, generators[r])
-            steps.append(Step(r, 0, i, runners[r].game.t, decision, choice, logp))
+            steps.append(Step(r, i, runners[r].game.t, decision, choice, logp))
             runners[r].assign(i, menu[choice])
         for run in runners:
             if not run.pending():
@@ -239,8 +234,6 @@ def iteration(policy: MenuPolicy, optimizers, game_factory, library, menu_filter
     gens = [sampling_generator(seed, it, rollout_seeds[r], r % group_size) for r in range(n_rollouts)]
     names = sorted(optimizers)
     runners, steps = play(games, rollout_seeds, library, menu_filter, policy, names, temperature, gens)
-    for st in steps:
-        st.group = group_of[st.rollout]
     t_rollout = time.perf_counter() - t0
     max_reward = games[0].max_reward
     credit(steps, runners, max_reward, credit_mode)

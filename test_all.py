@@ -785,7 +785,7 @@ import train  # noqa: E402
 
 def fake_step(rollout: int, agent: int, t: int, ret: float = 0.0) -> pamagrpo.Step:
     decision = Decision(f"agent{agent}", "p", ("a", "b"))
-    return pamagrpo.Step(rollout, 0, agent, t, decision, 0, torch.zeros(2), ret)
+    return pamagrpo.Step(rollout, agent, t, decision, 0, torch.zeros(2), ret)
 
 
 def test_return_to_go_credit():

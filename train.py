@@ -133,10 +133,6 @@ def validate(args: Args) -> None:
         raise ArgError(f"--base-temperatures {args.base_temperatures!r}: expected comma-separated numbers >= 0")
 
 
-def lora_targets(text: str) -> tuple[str, ...]:
-    return policy_lib.LORA_TARGETS if text == "all" else tuple(t.strip() for t in text.split(",") if t.strip())
-
-
 # ----------------------------------------------------------------------------- PLUMBING: files
 
 
@@ -223,6 +219,11 @@ def eval_record(tag: str, it: int, result: dict) -> dict:
     return {"tag": tag, "iteration": it, **{f"eval/{k}": v for k, v in result.items()}}
 
 
+def training_seeds(seed: int, it: int, start_states: int) -> list[int]:
+    """The start states of iteration `it`: fresh every iteration, never an evaluation seed."""
+    return [(seed * 1000 + it * start_states + b) % EVAL_SEED0 for b in range(start_states)]
+
+
 def scripted_score(game_factory, seeds: list[int]) -> float:
     return float(np.mean([options.play_scripted(game_factory(), "coop", s).score for s in seeds]))
 
@@ -250,7 +251,7 @@ def main(argv: list[str] | None = None) -> str:
     model, tokenizer = policy_lib.load_backbone(args.model, args.device, args.dtype)
     names = pamagrpo.agent_names(probe.n_agents)
     policy = policy_lib.MenuPolicy(model, tokenizer, names, lora_rank=args.lora_rank, lora_alpha=args.lora_alpha,
-                                   lora_targets=lora_targets(args.lora_targets), scoring=args.scoring,
+                                   lora_targets=policy_lib.parse_lora_targets(args.lora_targets), scoring=args.scoring,
                                    seed=args.seed)
     run_dir = args.out or os.path.join("runs", f"{args.game}-{os.path.basename(layout)}-s{args.seed}")
     args.out = run_dir
@@ -265,9 +266,8 @@ def main(argv: list[str] | None = None) -> str:
         settings = guard_lib.BurnInSettings(episodes=args.burn_in_episodes, seed=args.seed)
         guards = guard_lib.cached_guards(probe, library, settings, os.path.join(args.cache, "guards"))
         guards.save(os.path.join(run_dir, "guards.json"))
-        eval_seeds_g = list(range(EVAL_SEED0, EVAL_SEED0 + 50))
-        print(guard_lib.report(guards, guard_lib.evaluate_menus(probe, library, None, 50, eval_seeds_g[0]),
-                               guard_lib.evaluate_menus(probe, library, guards, 50, eval_seeds_g[0])))
+        print(guard_lib.report(guards, guard_lib.evaluate_menus(probe, library, None, 50, EVAL_SEED0),
+                               guard_lib.evaluate_menus(probe, library, guards, 50, EVAL_SEED0)))
     menu_filter = guards.menu_filter if guards else None
 
     optimizers = pamagrpo.make_optimizers(policy, names, args.lr)
@@ -279,9 +279,8 @@ def main(argv: list[str] | None = None) -> str:
 
     start = load_checkpoint(run_dir, policy, optimizers) + 1 if args.resume else 0
     if start > 0:  # drop records of iterations the checkpoint does not hold (killed mid-iteration)
-        for path in (metrics_path, eval_path):
-            kept = [r for r in read_jsonl(path) if r["iteration"] < start or r["tag"] == "baseline"] \
-                if path == eval_path else [r for r in read_jsonl(path) if r["iteration"] < start]
+        for path in (metrics_path, eval_path):  # baseline evaluations have iteration -1 and stay
+            kept = [r for r in read_jsonl(path) if r["iteration"] < start]
             with open(path, "w") as f:
                 f.writelines(json.dumps(r) + "\n" for r in kept)
         print(f"resumed {run_dir} after iteration {start - 1}")
@@ -306,8 +305,7 @@ def main(argv: list[str] | None = None) -> str:
     # ------------------------------------------------------------------------- training loop (the algorithm)
     t_start = time.perf_counter()
     for it in range(start, args.iterations):
-        seeds = [args.seed * EVAL_SEED0 // 1000 + it * args.start_states + b for b in range(args.start_states)]
-        seeds = [s % EVAL_SEED0 for s in seeds]  # training seeds never reach the evaluation seeds
+        seeds = training_seeds(args.seed, it, args.start_states)
         record = pamagrpo.iteration(policy, optimizers, game_factory, library, menu_filter, seeds,
                                     args.group_size, args.temperature, args.credit, args.advantage, cfg,
                                     args.seed, it)
