@@ -28,7 +28,12 @@ Departures from GRPO (Shao et al. 2024) and MAGRPO:
 - return-to-go credit by default (options make an episode a sequence of decisions, not one completion);
 - KL to the frozen base computed exactly over the menu instead of a sampled k3 estimator;
 - both agents' losses are summed into one mixed-adapter backward pass (an agent's LoRA weights get
-  gradient only from its own decisions), then each agent's optimizer steps on its own adapter.
+  gradient only from its own decisions), then each agent's optimizer steps on its own adapter;
+- one optimizer step per agent per epoch on the whole iteration's decisions (minibatches only bound
+  memory and accumulate gradient), so pi_old is the first epoch's own forward and needs no extra pass;
+  with `epochs=1` the ratio is exactly 1 and the clip never binds (plain on-policy GRPO);
+- with adapters only in the top layers (`lora_layers`), the update replays the rollouts' cached trunk
+  outputs instead of recomputing the frozen bottom layers (identical math, a fraction of the cost).
 """
 
 from __future__ import annotations
@@ -81,10 +86,12 @@ def sample_choice(logp: torch.Tensor, temperature: float, generator: torch.Gener
 
 
 def play(games: list[envs.Game], seeds: list[int], library: options.Library, menu_filter, policy: MenuPolicy,
-         agents: list[str | None], temperature: float, generators: list[torch.Generator]):
+         agents: list[str | None], temperature: float, generators: list[torch.Generator],
+         trunk_cache: dict | None = None):
     """Play one episode per game in lockstep, batching every pending decision of every rollout into one
     scoring call. agents[i]: adapter name of agent i, None for the frozen base, or a `choose(runner,
-    agent, menu)` function (a scripted stand-in, not recorded as a step). Returns (runners, steps)."""
+    agent, menu)` function (a scripted stand-in, not recorded as a step). trunk_cache: filled with every
+    decision's trunk output for the update (see policy.py). Returns (runners, steps)."""
     runners = []
     for game, seed in zip(games, seeds):
         game.reset(seed)
@@ -104,7 +111,7 @@ def play(games: list[envs.Game], seeds: list[int], library: options.Library, men
             prompt = policy.build_prompt(runners[r].game.rules, view, texts)
             menus.append(menu)
             decisions.append(Decision(agents[i], prompt, tuple(texts)))
-        logps = policy.menu_log_probs(decisions) if decisions else []
+        logps = policy.menu_log_probs(decisions, trunk_cache=trunk_cache) if decisions else []
         for (r, i), menu, decision, logp in zip(pending, menus, decisions, logps):
             choice = sample_choice(logp, temperature, generators[r])
             steps.append(Step(r, i, runners[r].game.t, decision, choice, logp))
@@ -162,58 +169,62 @@ class UpdateConfig:
 
 
 def update(policy: MenuPolicy, optimizers: dict[str, torch.optim.Optimizer], steps: list[Step],
-           cfg: UpdateConfig, order_seed: int) -> dict[str, float]:
-    """The clipped, KL-regularized per-agent update. Returns flat per-agent metrics."""
+           cfg: UpdateConfig, order_seed: int, trunk_cache: dict | None = None) -> dict[str, float]:
+    """The clipped, KL-regularized per-agent update: `epochs` optimizer steps per agent, each on the
+    gradient of that agent's loss over ALL its decisions (accumulated over memory-sized minibatches).
+
+    Because no parameter moves within an epoch, the first epoch's forward IS pi_old: the old log-probs
+    are that forward detached, computed in exactly the batches the later epochs use (a decision's
+    log-prob depends slightly on its batch in bfloat16, and the ratio must start at exactly 1).
+    Returns flat per-agent metrics."""
     names = sorted(optimizers)
-    # pi_base over each menu, once (the base is frozen)
-    base = policy.menu_log_probs([Decision(None, s.decision.prompt, s.decision.menu) for s in steps])
+    # pi_base over each menu, once (the base is frozen); with a trunk cache it runs only the top layers
+    base = policy.menu_log_probs([Decision(None, s.decision.prompt, s.decision.menu) for s in steps],
+                                 trunk_cache=trunk_cache)
+    count = {n: sum(s.decision.agent == n for s in steps) for n in names}  # |D_i|: each L_i is a mean
     stats = {n: {"kl": [], "clip": [], "entropy": [], "grad_norm": [], "loss": []} for n in names}
     order = np.random.default_rng(order_seed).permutation(len(steps))
     batches = [[int(k) for k in order[i:i + cfg.minibatch]] for i in range(0, len(steps), cfg.minibatch)]
-    # pi_old, recomputed before any step with exactly the minibatches of the update: a decision's log-prob
-    # depends slightly on its batch in bfloat16, and the ratio must start at exactly 1
-    old = {}
-    for batch in batches:
-        old.update(zip(batch, policy.menu_log_probs([steps[k].decision for k in batch])))
-    for _ in range(cfg.epochs):
+    old: dict[int, torch.Tensor] = {}  # pi_old, filled by the first epoch
+    for epoch in range(cfg.epochs):
+        for n in names:
+            optimizers[n].zero_grad(set_to_none=True)
+        loss_sum = {n: 0.0 for n in names}
         for batch in batches:
-            new = policy.menu_log_probs([steps[k].decision for k in batch], grad=True)
-            losses = {}
-            for n in names:
-                rows = [(k, logp) for k, logp in zip(batch, new) if steps[k].decision.agent == n]
-                if not rows:
-                    continue
-                terms = []
-                for k, logp in rows:  # logp: (K,) over this decision's menu
-                    st = steps[k]
-                    ratio = torch.exp(logp[st.choice] - old[k][st.choice])
-                    adv = st.advantage
-                    surrogate = -torch.min(ratio * adv, torch.clamp(ratio, 1 - cfg.clip_eps, 1 + cfg.clip_eps) * adv)
-                    p = logp.exp()
-                    kl = torch.sum(p * (logp - base[k]))  # exact KL(pi_i || pi_base) over the menu
-                    entropy = -torch.sum(p * logp)
-                    terms.append(surrogate + cfg.kl_coef * kl - cfg.entropy_coef * entropy)
+            new = policy.menu_log_probs([steps[k].decision for k in batch], grad=True, trunk_cache=trunk_cache)
+            if epoch == 0:
+                old.update((k, logp.detach()) for k, logp in zip(batch, new))
+            terms = []
+            for k, logp in zip(batch, new):  # logp: (K,) over this decision's menu
+                st = steps[k]
+                n = st.decision.agent
+                ratio = torch.exp(logp[st.choice] - old[k][st.choice])  # rho_d (exactly 1 in epoch 0)
+                adv = st.advantage
+                surrogate = -torch.min(ratio * adv, torch.clamp(ratio, 1 - cfg.clip_eps, 1 + cfg.clip_eps) * adv)
+                p = logp.exp()
+                kl = torch.sum(p * (logp - base[k]))  # exact KL(pi_i || pi_base) over the menu
+                entropy = -torch.sum(p * logp)
+                term = (surrogate + cfg.kl_coef * kl - cfg.entropy_coef * entropy) / count[n]  # mean over D_i
+                terms.append(term)
+                loss_sum[n] += float(term.detach())
+                if epoch == cfg.epochs - 1:  # report the policy as it stands before the last step
                     stats[n]["kl"].append(float(kl.detach()))
                     stats[n]["entropy"].append(float(entropy.detach()))
                     stats[n]["clip"].append(float(abs(float(ratio.detach()) - 1) > cfg.clip_eps))
-                losses[n] = torch.stack(terms).mean()
-            if not losses:
+            # summing agents is safe: agent n's adapter only receives gradient from agent n's rows
+            torch.stack(terms).sum().backward()
+        for n in names:
+            if not count[n]:
                 continue
-            for n in names:
-                optimizers[n].zero_grad(set_to_none=True)
-            # summing is safe: agent n's adapter only receives gradient from agent n's rows
-            sum(losses.values()).backward()
-            for n, loss in losses.items():
-                params = policy.agent_parameters(n)
-                norm = torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
-                optimizers[n].step()
-                stats[n]["grad_norm"].append(float(norm))
-                stats[n]["loss"].append(float(loss.detach()))
+            norm = torch.nn.utils.clip_grad_norm_(policy.agent_parameters(n), cfg.max_grad_norm)
+            optimizers[n].step()
+            stats[n]["grad_norm"].append(float(norm))
+            stats[n]["loss"].append(loss_sum[n])
     out = {}
     for n in names:
         for key, values in stats[n].items():
             out[f"{n}.{key}"] = float(np.mean(values)) if values else 0.0
-        out[f"{n}.decisions"] = sum(s.decision.agent == n for s in steps)
+        out[f"{n}.decisions"] = count[n]
     return out
 
 
@@ -233,13 +244,14 @@ def iteration(policy: MenuPolicy, optimizers, game_factory, library, menu_filter
     group_of = [r // group_size for r in range(n_rollouts)]
     gens = [sampling_generator(seed, it, rollout_seeds[r], r % group_size) for r in range(n_rollouts)]
     names = sorted(optimizers)
-    runners, steps = play(games, rollout_seeds, library, menu_filter, policy, names, temperature, gens)
+    trunk_cache: dict = {}  # (prompt, menu) -> trunk output, reused by the update (lora_layers > 0)
+    runners, steps = play(games, rollout_seeds, library, menu_filter, policy, names, temperature, gens, trunk_cache)
     t_rollout = time.perf_counter() - t0
     max_reward = games[0].max_reward
     credit(steps, runners, max_reward, credit_mode)
     episode_returns = [sum(run.rewards) / max_reward for run in runners]
     zero_frac = advantages(steps, episode_returns, group_of, advantage_mode)
-    metrics = update(policy, optimizers, steps, cfg, order_seed=seed * 1_000_003 + it)
+    metrics = update(policy, optimizers, steps, cfg, order_seed=seed * 1_000_003 + it, trunk_cache=trunk_cache)
     scores = [run.game.score for run in runners]
     raw = [run.game.total_reward for run in runners]
     elapsed = time.perf_counter() - t0

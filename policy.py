@@ -31,6 +31,13 @@ through peft's mixed-adapter forward (``adapter_names``, ``"__base__"`` = adapte
 ``naive_menu_log_probs`` is the one-option-at-a-time reference the packed scorer is tested
 against.
 
+Training cost (``lora_layers=k``): with adapters only in the top k of n decoder layers, the bottom
+n - k layers (the "trunk") compute the same thing for every agent and for the frozen base. Scoring
+with a ``trunk_cache`` dict stores each decision's trunk output (the input hidden states of layer
+n - k, one (T, H) tensor per distinct prompt + menu) the first time it is scored, and every later
+scoring of that prompt + menu (the update's base pass, its gradient passes) runs only the top k
+layers on the cached states. Rollouts fill the cache; the update then costs ~k / n of a full pass.
+
 Notes for callers: the model stays in eval mode (peft refuses mixed-adapter batches in train
 mode; LoRA dropout defaults to 0 anyway), and gradients flow through eval mode. Log-probs are
 float32 whatever the backbone dtype; in bfloat16 the packed and naive scorers agree only to
@@ -263,7 +270,7 @@ class MenuPolicy:
 
     def __init__(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, agents: list[str],
                  lora_rank: int = 16, lora_alpha: float = 32,
-                 lora_targets: tuple[str, ...] | str = LORA_TARGETS, lora_dropout: float = 0.0,
+                 lora_targets: tuple[str, ...] | str = LORA_TARGETS, lora_layers: int = 0, lora_dropout: float = 0.0,
                  scoring: str = "text", seed: int = 0, max_batch_tokens: int = 4096, list_menu: bool = False):
         from peft import LoraConfig, get_peft_model
 
@@ -284,9 +291,15 @@ class MenuPolicy:
         # the packed tree mask replaces the model's own masks, sliding-window ones included (gemma3: 512)
         self.sliding_window = getattr(model.config, "sliding_window", None)
         self._option_ids: dict[str, list[int]] = {}
+        n_layers = model.config.num_hidden_layers
+        if not 0 <= lora_layers <= n_layers:
+            raise ValueError(f"lora_layers must be in 0..{n_layers} (0 = every layer), got {lora_layers}")
+        # adapting only the top k layers: the layers below carry no autograd graph, so the update's
+        # backward pass stops at layer n - k (the main training cost on CPU)
+        top = list(range(n_layers - lora_layers, n_layers)) if lora_layers else None
         config = LoraConfig(r=lora_rank, lora_alpha=lora_alpha, target_modules=list(lora_targets)
                             if not isinstance(lora_targets, str) else lora_targets,
-                            lora_dropout=lora_dropout, bias="none")
+                            layers_to_transform=top, lora_dropout=lora_dropout, bias="none")
         with torch.random.fork_rng(devices=[]), warnings.catch_warnings():
             torch.manual_seed(seed)  # LoRA A matrices are random; B = 0, so every agent starts as the base
             warnings.simplefilter("ignore", FutureWarning)  # peft 0.21 calls a deprecated transformers API
@@ -295,6 +308,8 @@ class MenuPolicy:
                 self.peft.add_adapter(agent, config)
         self.peft.eval()
         self._make_adapters_trainable()
+        self.trunk = n_layers - lora_layers if lora_layers else 0  # layers below the adapters (0: none)
+        self.layers = self.peft.get_base_model().model.layers  # the decoder layers (nn.ModuleList)
 
     def _make_adapters_trainable(self) -> None:
         # peft marks only the ACTIVE adapter trainable; every agent's adapter must take gradients.
@@ -343,8 +358,13 @@ class MenuPolicy:
 
     # ------------------------------------------------------------------ scoring
 
-    def menu_log_probs(self, decisions: list[Decision], grad: bool = False) -> list[torch.Tensor]:
-        """log pi(. | decision) over each menu: a (K_i,) float32 tensor whose logsumexp is 0."""
+    def menu_log_probs(self, decisions: list[Decision], grad: bool = False,
+                       trunk_cache: dict | None = None) -> list[torch.Tensor]:
+        """log pi(. | decision) over each menu: a (K_i,) float32 tensor whose logsumexp is 0.
+
+        trunk_cache (used only when adapters sit in the top layers, lora_layers > 0): a dict the caller
+        keeps; decisions whose prompt + menu it holds run only the layers above the trunk, the others
+        are scored in full and their trunk output is stored in it."""
         if self.peft.training:  # mixed-adapter batches need eval mode; it also keeps dropout off
             self.peft.eval()
         unique: dict[Decision, int] = {}  # identical decisions are scored once
@@ -354,22 +374,83 @@ class MenuPolicy:
             unique.setdefault(decision, len(unique))
         rows = [(decision, *self.tokenize_decision(decision)) for decision in unique]
         lengths = [len(p) + (sum(map(len, o)) if self.scoring == "text" else 0) for _, p, o in rows]
-        order = sorted(range(len(rows)), key=lambda i: -lengths[i])  # similar lengths share a batch
+        use_cache = trunk_cache is not None and self.trunk > 0
+        cached = [use_cache and (d.prompt, d.menu) in trunk_cache for d, _, _ in rows]
         results: list[torch.Tensor | None] = [None] * len(rows)
         with torch.set_grad_enabled(grad):
-            start = 0
-            while start < len(order):  # greedy chunks of at most max_batch_tokens padded tokens
-                stop, longest = start + 1, lengths[order[start]]
-                while stop < len(order) and (stop - start + 1) * longest <= self.max_batch_tokens:
-                    stop += 1
-                chunk = order[start:stop]
-                for i, logp in zip(chunk, self._score_batch([rows[i] for i in chunk])):
-                    results[i] = logp
-                start = stop
+            for replay in (False, True):  # rows scored in full (filling the cache), then cached rows
+                todo = [i for i in range(len(rows)) if cached[i] == replay]
+                todo.sort(key=lambda i: -lengths[i])  # similar lengths share a batch
+                start = 0
+                while start < len(todo):  # greedy chunks of at most max_batch_tokens padded tokens
+                    stop, longest = start + 1, lengths[todo[start]]
+                    while stop < len(todo) and (stop - start + 1) * longest <= self.max_batch_tokens:
+                        stop += 1
+                    chunk = [rows[i] for i in todo[start:stop]]
+                    trunk = [trunk_cache[(d.prompt, d.menu)] for d, _, _ in chunk] if replay else None
+                    scores, outputs = self._score_batch(chunk, trunk, capture=use_cache and not replay)
+                    for i, logp in zip(todo[start:stop], scores):
+                        results[i] = logp
+                    for (d, _, _), hidden in zip(chunk, outputs):
+                        trunk_cache[(d.prompt, d.menu)] = hidden
+                    start = stop
         return [results[unique[decision]] for decision in decisions]
 
-    def _score_batch(self, rows: list[tuple[Decision, list[int], list[list[int]]]]) -> list[torch.Tensor]:
-        """One packed, left-padded forward for a batch of distinct decisions."""
+    @contextlib.contextmanager
+    def _head_detached(self):
+        """The model's forward returns its final (normed) hidden states: lm_head is an identity (and
+        final-logit soft-capping off) inside; yields the real head, which `_logits` applies."""
+        base = self.peft.get_base_model()
+        head, cap = base.lm_head, getattr(base.config, "final_logit_softcapping", None)
+        base.lm_head = torch.nn.Identity()
+        if cap is not None:
+            base.config.final_logit_softcapping = None
+        try:
+            yield head
+        finally:
+            base.lm_head = head
+            if cap is not None:
+                base.config.final_logit_softcapping = cap
+
+    def _logits(self, head: torch.nn.Module, hidden: torch.Tensor) -> torch.Tensor:
+        """The model's own output logits for given final hidden states (..., H) -> (..., V)."""
+        logits = head(hidden)
+        cap = getattr(self.peft.get_base_model().config, "final_logit_softcapping", None)
+        return torch.tanh(logits / cap) * cap if cap is not None else logits
+
+    @contextlib.contextmanager
+    def _trunk(self, replay: torch.Tensor | None, capture: bool):
+        """Replay given trunk outputs (the bottom layers return them instead of computing), or capture
+        the trunk's output (the input of layer `trunk`); yields a list that receives the capture."""
+        captured: list[torch.Tensor] = []
+        if replay is not None:
+            bottom = [self.layers[i] for i in range(self.trunk)]
+            stand_in = _Replay(replay)
+            for i in range(self.trunk):
+                self.layers[i] = stand_in
+            try:
+                yield captured
+            finally:
+                for i, layer in enumerate(bottom):
+                    self.layers[i] = layer
+        elif capture:
+            def hook(module, args, kwargs):
+                captured.append((args[0] if args else kwargs["hidden_states"]).detach())
+            handle = self.layers[self.trunk].register_forward_pre_hook(hook, with_kwargs=True)
+            try:
+                yield captured
+            finally:
+                handle.remove()
+        else:
+            yield captured
+
+    def _score_batch(self, rows: list[tuple[Decision, list[int], list[list[int]]]],
+                     trunk: list[torch.Tensor] | None = None,
+                     capture: bool = False) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """One packed, left-padded forward for a batch of distinct decisions.
+
+        Returns (log pi over each menu, each row's trunk output (T_b, H) if capture else []). trunk: the
+        rows' cached trunk outputs, replayed instead of running the bottom layers."""
         device = self.peft.get_input_embeddings().weight.device
         text = self.scoring == "text"
         packed = []  # per row: (ids, segment, position); segment 0 = prompt, k + 1 = option k
@@ -402,42 +483,60 @@ class MenuPolicy:
         mask = torch.zeros(allowed.shape, dtype=dtype).masked_fill(~allowed, torch.finfo(dtype).min)
         # logits only where they are read: the last prompt token and every option token
         keep = max(1 + sum(map(len, options)) for _, _, options in rows) if text else 1
-        self.tokens_processed += sum(len(ids) for ids, _, _ in packed)
-        logits = self.peft(
-            input_ids=input_ids.to(device), attention_mask=mask[:, None].to(device),  # (B, 1, T, T)
-            position_ids=positions.to(device), logits_to_keep=keep, use_cache=False,
-            adapter_names=[BASE if d.agent is None else d.agent for d, _, _ in rows],
-        ).logits  # (B, keep, V)
+        replay = None
+        if trunk is not None:  # cached trunk outputs, left-padded like the ids: (B, T, H)
+            replay = torch.zeros((len(rows), width, trunk[0].shape[-1]), dtype=trunk[0].dtype, device=device)
+            for b, hidden in enumerate(trunk):
+                replay[b, width - len(hidden):] = hidden
+        else:
+            self.tokens_processed += sum(len(ids) for ids, _, _ in packed)
+        # The vocabulary projection is the dominant cost of scoring option texts (tens of option tokens a
+        # decision, 49k-way normalization each): the model returns its final hidden states (head
+        # detached), and the head runs below only at the distinct positions whose predictions are read.
+        with self._trunk(replay, capture) as captured, self._head_detached() as head:
+            hidden = self.peft(
+                input_ids=input_ids.to(device), attention_mask=mask[:, None].to(device),  # (B, 1, T, T)
+                position_ids=positions.to(device), logits_to_keep=keep, use_cache=False,
+                adapter_names=[BASE if d.agent is None else d.agent for d, _, _ in rows],
+            ).logits  # (B, keep, H): the normed final hidden states, not logits
+        # each row's trunk output without its left padding
+        outputs = [captured[0][b, width - len(ids):].clone() for b, (ids, _, _) in enumerate(packed)] if capture else []
         if not text:  # label: next-token logits restricted to the menu's labels
+            logits = self._logits(head, hidden[:, -1])  # (B, V)
             label_ids = [torch.tensor([o[0] for o in options], device=device) for _, _, options in rows]
-            return [torch.log_softmax(logits[b, -1, ids].float(), dim=-1) for b, ids in enumerate(label_ids)]
-        # text: token t of option k is predicted by the logits at the previous packed position,
-        # the last prompt token for t = 0 (options restart after the prompt).
-        row_of, column_of, target_of, option_of = [], [], [], []  # one entry per option token
+            return [torch.log_softmax(logits[b, ids].float(), dim=-1) for b, ids in enumerate(label_ids)], outputs
+        # text: token t of option k is predicted by the hidden state at the previous packed position,
+        # the last prompt token for t = 0 (options restart after the prompt); positions are distinct
+        # except the last prompt token, which predicts the first token of every option.
+        where, position_of, target_of, option_of = [], [], [], []  # where: (row, column) read; rest per token
         option_id = 0  # global index of an option across the batch
-        first = width - keep  # absolute position of kept-logit column 0
+        first = width - keep  # absolute position of kept column 0
         for b, (_, prompt, options) in enumerate(rows):
             last_prompt = width - len(packed[b][0]) + len(prompt) - 1
-            cursor = last_prompt + 1
+            where.append((b, last_prompt - first))
+            prompt_slot, cursor = len(where) - 1, last_prompt + 1
             for option in options:
-                previous = [last_prompt, *range(cursor, cursor + len(option) - 1)]
-                row_of += [b] * len(option)
-                column_of += [p - first for p in previous]
+                position_of.append(prompt_slot)
+                for p in range(cursor, cursor + len(option) - 1):  # the last token predicts nothing read
+                    where.append((b, p - first))
+                    position_of.append(len(where) - 1)
                 target_of += option
                 option_of += [option_id] * len(option)
                 option_id += 1
                 cursor += len(option)
         menu_sizes = [len(options) for _, _, options in rows]
         tensor = functools.partial(torch.tensor, device=device)
-        rows_t, columns_t = tensor(row_of), tensor(column_of)
-        # log p(token) = logit(token) - logsumexp(logits), in float32; no (N, V) copy is made
-        log_normalizer = torch.logsumexp(logits.float(), dim=-1)  # (B, keep)
-        token_logp = logits[rows_t, columns_t, tensor(target_of)].float() - log_normalizer[rows_t, columns_t]
+        read = tensor(where)  # (U, 2)
+        logits = self._logits(head, hidden[read[:, 0], read[:, 1]])  # (U, V)
+        # log p(token) = logit(token) - logsumexp(logits), in float32
+        log_normalizer = torch.logsumexp(logits.float(), dim=-1)  # (U,)
+        slots = tensor(position_of)  # (N,) one per option token
+        token_logp = logits[slots, tensor(target_of)].float() - log_normalizer[slots]  # (N,)
         option_index, n_options = tensor(option_of), sum(menu_sizes)
         total = torch.zeros(n_options, device=device).index_add(0, option_index, token_logp)  # (O,)
         count = torch.zeros(n_options, device=device).index_add(0, option_index, torch.ones_like(token_logp))
         score = total / count  # per-token mean log-likelihood of each option
-        return [torch.log_softmax(s, dim=-1) for s in torch.split(score, menu_sizes)]  # normalize over menu
+        return [torch.log_softmax(s, dim=-1) for s in torch.split(score, menu_sizes)], outputs  # over the menu
 
     # ------------------------------------------------------------------ acting
 
@@ -504,6 +603,17 @@ class MenuPolicy:
         with torch.no_grad():  # copy in place: optimizers keep pointing at the same parameters
             for parameter, value in staged:
                 parameter.copy_(value)
+
+
+class _Replay(torch.nn.Module):
+    """Stands in for a trunk decoder layer: returns the cached trunk output, computes nothing."""
+
+    def __init__(self, hidden: torch.Tensor):
+        super().__init__()
+        self.hidden = hidden
+
+    def forward(self, hidden_states, *args, **kwargs):
+        return self.hidden
 
 
 @contextlib.contextmanager

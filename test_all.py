@@ -698,6 +698,45 @@ def test_policy_gradient_step_changes_only_that_agent(scoring):
     assert all(torch.equal(a, b) for a, b in zip(agent1_before, policy.agent_parameters("agent1")))
 
 
+def make_top_policy(scoring: str) -> MenuPolicy:
+    """Adapters in the top layer only (lora_layers=1 of 2), perturbed as in make_policy."""
+    model, tokenizer = load_backbone("tiny")
+    policy = MenuPolicy(model, tokenizer, ["agent0", "agent1"], lora_rank=4, lora_alpha=8, lora_layers=1,
+                        scoring=scoring)
+    generator = torch.Generator().manual_seed(7)
+    with torch.no_grad():
+        for agent in policy.agents:
+            for parameter in policy.agent_parameters(agent):
+                parameter.add_(0.3 * torch.randn(parameter.shape, generator=generator))
+    return policy
+
+
+@pytest.mark.parametrize("scoring", ["text", "label"])
+def test_policy_trunk_cache_replays_exactly(scoring):
+    policy = make_top_policy(scoring)
+    assert policy.trunk == 1
+    assert all(".layers.1." in n for n, _ in policy.peft.named_parameters() if "lora_" in n)
+    decisions = decisions_for(policy)
+    reference = policy.menu_log_probs(decisions)
+    cache: dict = {}
+    filled = policy.menu_log_probs(decisions[:4], trunk_cache=cache)  # scored in full, cache filled
+    assert len(cache) == 2  # keyed by prompt + menu: agents and the base share a trunk output
+    tokens = policy.tokens_processed
+    replayed = policy.menu_log_probs(decisions, trunk_cache=cache, grad=True)  # 6 replayed, 3 in full (one new key)
+    assert len(cache) == 3
+    assert policy.tokens_processed - tokens == sum(len(policy.tokenize_decision(d)[0]) + (
+        sum(map(len, policy.tokenize_decision(d)[1])) if scoring == "text" else 0) for d in decisions[6:9])
+    for a, b in zip(reference, filled + replayed[4:]):
+        assert torch.allclose(a, b.detach(), atol=1e-5)
+    # the gradient through replayed rows reaches the top-layer adapter of the right agent only
+    sum(lp[0] for lp, d in zip(replayed, decisions) if d.agent == "agent0").backward()
+    assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in policy.agent_parameters("agent0"))
+    assert all(p.grad is None or not p.grad.any() for p in policy.agent_parameters("agent1"))
+    assert all(isinstance(layer, type(policy.layers[1])) for layer in policy.layers)  # layers restored
+    with pytest.raises(ValueError, match="lora_layers"):
+        MenuPolicy(*load_backbone("tiny"), ["agent0"], lora_layers=3)
+
+
 @pytest.mark.filterwarnings("ignore::FutureWarning")  # peft 0.21 calls a deprecated transformers API
 def test_policy_save_load_roundtrip_and_peft_format(tmp_path):
     from peft import PeftModel

@@ -57,11 +57,12 @@ class Args:
     lora_rank: int = 16  # LoRA rank r
     lora_alpha: float = 32.0  # LoRA alpha (scale alpha / r)
     lora_targets: str = "all"  # comma-separated module names, or "all" (attention + MLP projections)
+    lora_layers: int = 0  # adapt only the top k decoder layers (0: all); backward stops below them
     clip_eps: float = 0.2  # PPO clip range of the ratio; usually 0.1 to 0.3
     kl_coef: float = 0.05  # weight of the exact KL(pi_i || pi_base) over the menu
     entropy_coef: float = 0.0  # weight of an entropy bonus (0: none)
-    epochs: int = 1  # inner epochs over an iteration's decisions
-    minibatch: int = 32  # decisions per gradient step (both agents mixed)
+    epochs: int = 1  # optimizer steps per agent per iteration, each on all its decisions (PPO-style epochs)
+    minibatch: int = 32  # decisions per forward in the update (bounds memory; gradients accumulate)
     max_grad_norm: float = 1.0  # gradient-norm clip of each adapter
     scoring: str = "text"  # text (per-token mean option log-likelihood) | label (identity-tied labels)
     action_mode: str = "options"  # options | primitive (one-step options, the low-level baseline)
@@ -70,6 +71,7 @@ class Args:
     eval_interval: int = 5  # greedy evaluation every this many iterations (0: only at the end)
     eval_episodes: int = 20  # held-out evaluation seeds
     base_temperatures: str = "0"  # comma-separated temperatures at which the frozen base is evaluated
+    base_episodes: int = 20  # held-out seeds of the frozen-base baselines (the first of the eval seeds; 0: skip)
     burn_in_episodes: int = 150  # random-policy burn-in episodes per round for the guards
     seed: int = 0  # seeds everything: guards, LoRA init, start states, sampling
     out: str | None = None  # run folder; default runs/GAME-LAYOUT-sSEED
@@ -84,10 +86,10 @@ CHOICES = {"game": tuple(envs.GAMES), "device": ("cpu", "cuda"), "dtype": tuple(
            "advantage": ("per_agent", "shared"), "credit": ("to_go", "episode")}
 POSITIVE = ("threads", "start_states", "group_size", "lora_rank", "epochs", "minibatch",
             "eval_episodes", "burn_in_episodes")
-NON_NEGATIVE = ("iterations", "temperature", "lr", "lora_alpha", "clip_eps", "kl_coef", "entropy_coef", "max_grad_norm",
-                "eval_interval")
+NON_NEGATIVE = ("iterations", "lora_layers", "base_episodes", "temperature", "lr", "lora_alpha", "clip_eps",
+                "kl_coef", "entropy_coef", "max_grad_norm", "eval_interval")
 # fields that may differ when resuming (everything else must match the checkpoint)
-RESUMABLE = ("iterations", "resume", "threads", "eval_interval", "base_temperatures")
+RESUMABLE = ("iterations", "resume", "threads", "eval_interval", "base_temperatures", "base_episodes")
 
 
 class ArgError(ValueError):
@@ -250,9 +252,12 @@ def main(argv: list[str] | None = None) -> str:
     # backbone + one LoRA adapter per agent (a missing model fails here, before anything is written)
     model, tokenizer = policy_lib.load_backbone(args.model, args.device, args.dtype)
     names = pamagrpo.agent_names(probe.n_agents)
+    if args.lora_layers > model.config.num_hidden_layers:
+        raise ArgError(f"--lora-layers {args.lora_layers}: {args.model} has {model.config.num_hidden_layers} layers; "
+                       "expected 0 (all) to that")
     policy = policy_lib.MenuPolicy(model, tokenizer, names, lora_rank=args.lora_rank, lora_alpha=args.lora_alpha,
-                                   lora_targets=policy_lib.parse_lora_targets(args.lora_targets), scoring=args.scoring,
-                                   seed=args.seed)
+                                   lora_targets=policy_lib.parse_lora_targets(args.lora_targets),
+                                   lora_layers=args.lora_layers, scoring=args.scoring, seed=args.seed)
     run_dir = args.out or os.path.join("runs", f"{args.game}-{os.path.basename(layout)}-s{args.seed}")
     args.out = run_dir
     if not args.resume and os.path.exists(os.path.join(run_dir, "config.json")):
@@ -291,10 +296,10 @@ def main(argv: list[str] | None = None) -> str:
         base_agents = [None] * probe.n_agents
         primitive = options.make_library(probe, "primitive")
         for tag, lib, filt in (("base/primitive", primitive, None), ("base/options", library, menu_filter)):
-            for temperature in (float(t) for t in args.base_temperatures.split(",")):
+            for temperature in (float(t) for t in args.base_temperatures.split(",") if args.base_episodes):
                 t0 = time.perf_counter()
-                result = pamagrpo.evaluate(policy, game_factory, lib, filt, eval_seeds, base_agents, temperature,
-                                           args.seed)
+                result = pamagrpo.evaluate(policy, game_factory, lib, filt, eval_seeds[:args.base_episodes],
+                                           base_agents, temperature, args.seed)
                 record = {**eval_record("baseline", -1, result), "policy": tag, "temperature": temperature}
                 append_jsonl(eval_path, record)
                 print(f"{tag} T={temperature}: score {result['score']:.3f} ({time.perf_counter() - t0:.0f}s)")
