@@ -1,7 +1,7 @@
-"""Speed benchmarks: environments, option runner, menu scoring.
+"""Speed benchmarks: environments, option runner, menu scoring, the training step.
 
     python bench.py                 # every section, a table
-    python bench.py --only env      # one section: env | prompts | scoring | backward
+    python bench.py --only env      # one section: env | prompts | scoring | train
     python bench.py --models tiny   # LLM sections for these models only (default: tiny, smollm2-135m)
     python bench.py --json          # one JSON object
 
@@ -122,18 +122,27 @@ def bench_scoring(model: str, n: int, dtype: str = "float32", scoring: str = "te
             "max_abs_diff": max(float((a - b).abs().max()) for a, b in zip(batched, naive))}
 
 
-def bench_backward(model: str, n: int, dtype: str, batch: int = 16) -> dict:
-    """Seconds per decision of the update's forward + backward (text scoring, mixed-adapter batches)."""
-    policy = llm_policy(model, dtype)
-    decisions = real_decisions(policy, "coop_push", n, seed=1)
-    params = policy.agent_parameters("agent0") + policy.agent_parameters("agent1")
-    start = time.perf_counter()
-    for i in range(0, n, batch):
-        loss = -sum(lp[0] for lp in policy.menu_log_probs(decisions[i:i + batch], grad=True))
-        loss.backward()
-        for p in params:
-            p.grad = None
-    return {"model": model, "dtype": dtype, "decisions": n, "s_per_decision": (time.perf_counter() - start) / n}
+def bench_train(model: str, dtype: str, lora_layers: int, group_size: int = 4) -> dict:
+    """One real PA-MAGRPO iteration on coop_push (one start state, a group of rollouts, then the update):
+    decisions per second in the rollouts and in the update (base pass + forward + backward + step)."""
+    import guards as guard_lib
+    import pamagrpo
+    import policy as policy_lib
+
+    network, tokenizer = policy_lib.load_backbone(model, "cpu", dtype)
+    layers = min(lora_layers, network.config.num_hidden_layers - 1)  # keep a trunk on small models
+    policy = policy_lib.MenuPolicy(network, tokenizer, ["agent0", "agent1"], lora_layers=layers)
+    game = envs.make_game("coop_push", None, 0)
+    library = options.make_library(game)
+    guard = guard_lib.cached_guards(game, library, guard_lib.BurnInSettings(), str(policy_lib.cache_root() / "guards"))
+    optimizers = pamagrpo.make_optimizers(policy, policy.agents, 3e-4)
+    record = pamagrpo.iteration(policy, optimizers, lambda: envs.make_game("coop_push", None, 0), library,
+                                guard.menu_filter, [0], group_size, 1.0, "to_go", "per_agent",
+                                pamagrpo.UpdateConfig(), seed=0, it=0)
+    n = record["rollout/decisions"]
+    return {"model": model, "dtype": dtype, "lora_layers": layers or network.config.num_hidden_layers,
+            "decisions": n, "rollout_per_s": n / record["time/rollout_s"], "update_per_s": n / record["time/update_s"],
+            "iteration_s": record["time/iteration_s"]}
 
 
 MODELS = ["tiny", "smollm2-135m"]
@@ -158,9 +167,10 @@ def section_scoring(quick: bool) -> list:
                                                                       ["float32", "bfloat16"])]
 
 
-def section_backward(quick: bool) -> list:
-    n = 16 if quick else 32
-    return [bench_backward(m, n, dtype) for m in MODELS for dtype in ("float32", "bfloat16")]
+def section_train(quick: bool) -> list:
+    """The training step: adapters on every layer (0) vs the top 4 layers (trunk cached and replayed)."""
+    dtypes = ("bfloat16",) if quick else ("float32", "bfloat16")
+    return [bench_train(m, dtype, layers) for m in MODELS for dtype in dtypes for layers in (0, 4)]
 
 
 def print_rows(rows: list) -> None:
@@ -172,7 +182,7 @@ def print_rows(rows: list) -> None:
 
 SECTIONS = {"env": (section_env, print_env), "prompts": (section_prompts, print_rows),
             "scoring": (section_scoring, print_rows),
-            "backward": (section_backward, print_rows)}
+            "train": (section_train, print_rows)}
 
 
 def main() -> None:

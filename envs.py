@@ -654,7 +654,7 @@ class Kitchen(Game):
     """
 
     name = "kitchen"
-    rules = "Make onion soup: 3 onions in a pot, let it cook, plate it with a dish, serve it. Counters pass items."
+    rules = "Onion soup: put 3 onions in a pot, let it cook, plate it with a dish, serve it. Counters pass items."
     legend = {" ": "floor", ".": "floor", "X": "counter", "O": "onion dispenser", "D": "dish dispenser",
               "P": "pot", "S": "serving window", **{str(k): f"agent {k}" for k in range(1, 10)}}
     keys = {"max_steps": "an integer >= 1", "random_starts": "yes or no", "orders": "an integer >= 1",
@@ -796,8 +796,15 @@ class Kitchen(Game):
             if state == "cooking":
                 state = f"cooking, {in_words(self.pot_timer[k], 'step')} left"
             lines.append(f"Pot {k + 1}: {state}, {self.relation(agent, c)}.")
-        for c, (item, _) in sorted(self.on_counter.items()):
-            lines.append(f"Counter: {item}, {self.relation(agent, c)}.")
+        # items on counters, grouped by kind, the nearest of each (a crowded counter row would otherwise
+        # dominate the prompt: one line per item pushed forced_coordination prompts past 180 tokens)
+        for item in sorted({item for item, _ in self.on_counter.values()}):
+            cells = sorted((c for c, (it, _) in self.on_counter.items() if it == item),
+                           key=lambda c: (self.manhattan(self.pos[agent], c), c))
+            where = self.relation(agent, cells[0])
+            more = f" (+{len(cells) - 1} more)" if len(cells) > 1 else ""
+            plural = item + ("es" if item.endswith("sh") else "s")
+            lines.append(f"Counter {plural}: {where}{more}.")
         return "\n".join(lines)
 
     def render(self) -> str:
