@@ -77,6 +77,45 @@ def sampling_generator(seed: int, iteration: int, start: int, rollout: int) -> t
     return torch.Generator().manual_seed(int(mixed))
 
 
+# ----------------------------------------------------------------------------- data parallel (torchrun)
+# Under torchrun every rank holds the base and all adapters and plays a share of the start states; these
+# helpers are no-ops in a single process, so the algorithm below has one code path.
+
+
+def rank_and_world() -> tuple[int, int]:
+    """(rank, number of ranks) of an initialized torch.distributed process group; (0, 1) otherwise."""
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return torch.distributed.get_rank(), torch.distributed.get_world_size()
+    return 0, 1
+
+
+def all_gather(values: list) -> list:
+    """Every rank's list, concatenated in rank order (one process: the list itself)."""
+    if rank_and_world()[1] == 1:
+        return list(values)
+    parts = [None] * rank_and_world()[1]
+    torch.distributed.all_gather_object(parts, list(values))
+    return [v for part in parts for v in part]
+
+
+def all_reduce_gradients(params: list[torch.nn.Parameter]) -> None:
+    """Sum the parameters' gradients over ranks in one flat buffer (a rank with no decision of this
+    agent contributes zeros); every rank then takes the same optimizer step."""
+    if rank_and_world()[1] == 1:
+        return
+    grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
+    flat = torch.cat([g.reshape(-1) for g in grads])
+    torch.distributed.all_reduce(flat)
+    for p, chunk in zip(params, torch.split(flat, [g.numel() for g in grads])):
+        p.grad = chunk.view_as(p).clone()
+
+
+def my_share(items: list) -> list:
+    """This rank's items: every world-th, starting at its rank (the whole list in one process)."""
+    rank, world = rank_and_world()
+    return items[rank::world]
+
+
 def sample_choice(logp: torch.Tensor, temperature: float, generator: torch.Generator) -> int:
     """Sample from softmax(logp / T); T == 0 is greedy (lowest index on ties)."""
     if temperature <= 0:
@@ -132,6 +171,13 @@ def credit(steps: list[Step], runners: list[options.Runner], max_reward: float, 
 def advantages(steps: list[Step], episode_returns: list[float], group_of: list[int], mode: str,
                eps: float = 1e-6) -> float:
     """Fill step.advantage; returns the fraction of zero-spread (agent, group) pairs (or groups, shared)."""
+    zero, total = advantage_counts(steps, episode_returns, group_of, mode, eps)
+    return zero / max(total, 1)
+
+
+def advantage_counts(steps: list[Step], episode_returns: list[float], group_of: list[int], mode: str,
+                     eps: float = 1e-6) -> tuple[int, int]:
+    """advantages(), returning (zero-spread units, units): the counts add up over ranks."""
     zero, total = 0, 0
     groups = sorted(set(group_of))
     if mode == "shared":  # MAGRPO: one baseline per group from its rollouts' episode returns
@@ -143,7 +189,7 @@ def advantages(steps: list[Step], episode_returns: list[float], group_of: list[i
             for step in steps:
                 if group_of[step.rollout] == s:
                     step.advantage = 0.0 if std < eps else float((step.ret - mean) / (std + eps))
-        return zero / max(total, 1)
+        return zero, total
     for s in groups:  # PA-MAGRPO: agent i's statistics over agent i's own decisions in group s
         for i in sorted({st.agent for st in steps}):
             mine = [st for st in steps if st.agent == i and group_of[st.rollout] == s]
@@ -155,7 +201,7 @@ def advantages(steps: list[Step], episode_returns: list[float], group_of: list[i
             zero += std < eps
             for st in mine:
                 st.advantage = 0.0 if std < eps else float((st.ret - mean) / (std + eps))
-    return zero / max(total, 1)
+    return zero, total
 
 
 @dataclass
@@ -181,7 +227,8 @@ def update(policy: MenuPolicy, optimizers: dict[str, torch.optim.Optimizer], ste
     # pi_base over each menu, once (the base is frozen); with a trunk cache it runs only the top layers
     base = policy.menu_log_probs([Decision(None, s.decision.prompt, s.decision.menu) for s in steps],
                                  trunk_cache=trunk_cache)
-    count = {n: sum(s.decision.agent == n for s in steps) for n in names}  # |D_i|: each L_i is a mean
+    # |D_i| over all ranks: each L_i is a mean over agent i's decisions of the whole iteration
+    count = {n: sum(all_gather([sum(s.decision.agent == n for s in steps)])) for n in names}
     stats = {n: {"kl": [], "clip": [], "entropy": [], "grad_norm": [], "loss": []} for n in names}
     order = np.random.default_rng(order_seed).permutation(len(steps))
     batches = [[int(k) for k in order[i:i + cfg.minibatch]] for i in range(0, len(steps), cfg.minibatch)]
@@ -216,13 +263,15 @@ def update(policy: MenuPolicy, optimizers: dict[str, torch.optim.Optimizer], ste
         for n in names:
             if not count[n]:
                 continue
+            all_reduce_gradients(policy.agent_parameters(n))  # the whole iteration's gradient on every rank
             norm = torch.nn.utils.clip_grad_norm_(policy.agent_parameters(n), cfg.max_grad_norm)
             optimizers[n].step()
             stats[n]["grad_norm"].append(float(norm))
-            stats[n]["loss"].append(loss_sum[n])
+            stats[n]["loss"].append(sum(all_gather([loss_sum[n]])))
     out = {}
     for n in names:
         for key, values in stats[n].items():
+            values = values if key in ("grad_norm", "loss") else all_gather(values)  # the rest is per decision
             out[f"{n}.{key}"] = float(np.mean(values)) if values else 0.0
         out[f"{n}.decisions"] = count[n]
     return out
@@ -235,9 +284,13 @@ def make_optimizers(policy: MenuPolicy, names: list[str], lr: float) -> dict[str
 def iteration(policy: MenuPolicy, optimizers, game_factory, library, menu_filter, seeds: list[int],
               group_size: int, temperature: float, credit_mode: str, advantage_mode: str, cfg: UpdateConfig,
               seed: int, it: int) -> dict[str, float]:
-    """One PA-MAGRPO iteration: group rollouts -> credit -> advantages -> per-agent update. Returns metrics."""
+    """One PA-MAGRPO iteration: group rollouts -> credit -> advantages -> per-agent update. Returns metrics.
+
+    Under torchrun each rank plays the groups of its share of `seeds` (whole groups, so advantages stay
+    local) and the update all-reduces gradients; the metrics are gathered from every rank."""
     t0 = time.perf_counter()
     tokens0 = policy.tokens_processed
+    seeds = my_share(seeds)
     n_rollouts = len(seeds) * group_size
     games = [game_factory() for _ in range(n_rollouts)]
     rollout_seeds = [seeds[r // group_size] for r in range(n_rollouts)]
@@ -250,31 +303,35 @@ def iteration(policy: MenuPolicy, optimizers, game_factory, library, menu_filter
     max_reward = games[0].max_reward
     credit(steps, runners, max_reward, credit_mode)
     episode_returns = [sum(run.rewards) / max_reward for run in runners]
-    zero_frac = advantages(steps, episode_returns, group_of, advantage_mode)
+    zero, units = advantage_counts(steps, episode_returns, group_of, advantage_mode)
     metrics = update(policy, optimizers, steps, cfg, order_seed=seed * 1_000_003 + it, trunk_cache=trunk_cache)
-    scores = [run.game.score for run in runners]
-    raw = [run.game.total_reward for run in runners]
+    scores = all_gather([run.game.score for run in runners])
+    raw = all_gather([run.game.total_reward for run in runners])
+    lengths = all_gather([run.game.t for run in runners])
+    zero, units = np.sum(all_gather([(zero, units)]), axis=0)
     elapsed = time.perf_counter() - t0
     out = {"iteration": it, "rollout/return_mean": float(np.mean(raw)), "rollout/return_std": float(np.std(raw)),
-           "rollout/score_mean": float(np.mean(scores)), "rollout/zero_std_groups": zero_frac,
-           "rollout/decisions": len(steps), "rollout/episode_steps": float(np.mean([r.game.t for r in runners])),
+           "rollout/score_mean": float(np.mean(scores)), "rollout/zero_std_groups": float(zero / max(units, 1)),
+           "rollout/decisions": sum(all_gather([len(steps)])), "rollout/episode_steps": float(np.mean(lengths)),
            "time/rollout_s": t_rollout, "time/update_s": elapsed - t_rollout, "time/iteration_s": elapsed,
-           "time/tokens": policy.tokens_processed - tokens0}
+           "time/tokens": sum(all_gather([policy.tokens_processed - tokens0]))}
     out.update({f"train/{k}": v for k, v in metrics.items()})
     return out
 
 
 def evaluate(policy: MenuPolicy, game_factory, library, menu_filter, seeds: list[int], agents: list[str | None],
              temperature: float = 0.0, seed: int = 0) -> dict[str, float]:
-    """Greedy (T = 0) or sampled evaluation on fixed seeds: mean normalized score and return."""
+    """Greedy (T = 0) or sampled evaluation on fixed seeds: mean normalized score and return. Under
+    torchrun the seeds are split across ranks and the results gathered."""
+    seeds = my_share(seeds)
     games = [game_factory() for _ in seeds]
     gens = [sampling_generator(seed, EVAL_ITERATION, s, 0) for s in seeds]
     runners, steps = play(games, seeds, library, menu_filter, policy, agents, temperature, gens)
-    scores = [run.game.score for run in runners]
+    scores = all_gather([run.game.score for run in runners])
+    entropies = all_gather([float(-(s.old_logp.exp() * s.old_logp).sum()) for s in steps])
     return {"score": float(np.mean(scores)), "score_std": float(np.std(scores)),
-            "return": float(np.mean([run.game.total_reward for run in runners])),
-            "decisions": len(steps), "entropy": float(np.mean([-(s.old_logp.exp() * s.old_logp).sum()
-                                                               for s in steps])) if steps else math.nan}
+            "return": float(np.mean(all_gather([run.game.total_reward for run in runners]))),
+            "decisions": len(entropies), "entropy": float(np.mean(entropies)) if entropies else math.nan}
 
 
 def episodes(runners: list[options.Runner]) -> list[options.Episode]:

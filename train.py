@@ -4,6 +4,7 @@
     python train.py --game kitchen --layout forced_coordination
     python train.py --resume runs/coop_push-classic-s0   # continue a killed run
     python train.py --help                           # every flag, with its default and range
+    torchrun --nproc_per_node 4 train.py --game coop_push --device cuda   # data parallel (README: Scaling out)
 
 The file reads top to bottom like the method: seed -> game and layout -> burn-in + guards (cached) ->
 backbone + per-agent adapters -> evaluate the frozen base (primitive actions and guarded options) ->
@@ -233,12 +234,32 @@ def scripted_score(game_factory, seeds: list[int]) -> float:
 # ----------------------------------------------------------------------------- the run
 
 
+def start_distributed(device: str) -> str:
+    """Under torchrun (WORLD_SIZE > 1): join the process group (gloo on CPU, nccl on GPU) and return this
+    rank's device; a plain `python train.py` sets nothing up."""
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+        return device
+    if device == "cuda":
+        device = f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}"
+        torch.cuda.set_device(device)
+    if not torch.distributed.is_initialized():
+        torch.distributed.init_process_group("nccl" if device.startswith("cuda") else "gloo")
+    return device
+
+
+def barrier() -> None:
+    if pamagrpo.rank_and_world()[1] > 1:
+        torch.distributed.barrier()
+
+
 def main(argv: list[str] | None = None) -> str:
     args, given = parse_args(argv)
     if args.resume:
         args = resolve_resume(args, given)
     torch.set_num_threads(args.threads)
     seed_everything(args.seed)
+    device = start_distributed(args.device)
+    lead = pamagrpo.rank_and_world()[0] == 0  # rank 0 alone prints and writes files
 
     # game, layout, option library (a bad layout fails here, before anything is written)
     probe = envs.make_game(args.game, args.layout, 0)
@@ -249,8 +270,13 @@ def main(argv: list[str] | None = None) -> str:
         return envs.make_game(args.game, layout, 0)
 
     library = options.make_library(probe, args.action_mode)
-    # backbone + one LoRA adapter per agent (a missing model fails here, before anything is written)
-    model, tokenizer = policy_lib.load_backbone(args.model, args.device, args.dtype)
+    # backbone + one LoRA adapter per agent (a missing model fails here, before anything is written);
+    # rank 0 first, so a GGUF preset is converted into the cache once
+    if not lead:
+        barrier()
+    model, tokenizer = policy_lib.load_backbone(args.model, device, args.dtype)
+    if lead:
+        barrier()
     names = pamagrpo.agent_names(probe.n_agents)
     if args.lora_layers > model.config.num_hidden_layers:
         raise ArgError(f"--lora-layers {args.lora_layers}: {args.model} has {model.config.num_hidden_layers} layers; "
@@ -262,35 +288,42 @@ def main(argv: list[str] | None = None) -> str:
     args.out = run_dir
     if not args.resume and os.path.exists(os.path.join(run_dir, "config.json")):
         raise ArgError(f"--out {run_dir}: a run already exists there; pass --resume {run_dir} or another --out")
-    os.makedirs(run_dir, exist_ok=True)
-    print("config:", json.dumps(dataclasses.asdict(args)))
+    barrier()  # every rank has checked before rank 0 writes
+    if lead:
+        os.makedirs(run_dir, exist_ok=True)
+        print("config:", json.dumps(dataclasses.asdict(args)))
 
     # burn-in + guards (cached by game, layout and settings)
     guards = None
     if args.action_mode == "options":
         settings = guard_lib.BurnInSettings(episodes=args.burn_in_episodes, seed=args.seed)
+        if not lead:  # rank 0 runs the burn-in and caches the guards; the others read the cache
+            barrier()
         guards = guard_lib.cached_guards(probe, library, settings, os.path.join(args.cache, "guards"))
-        guards.save(os.path.join(run_dir, "guards.json"))
-        print(guard_lib.report(guards, guard_lib.evaluate_menus(probe, library, None, 50, EVAL_SEED0),
-                               guard_lib.evaluate_menus(probe, library, guards, 50, EVAL_SEED0)))
+        if lead:
+            barrier()
+            guards.save(os.path.join(run_dir, "guards.json"))
+            print(guard_lib.report(guards, guard_lib.evaluate_menus(probe, library, None, 50, EVAL_SEED0),
+                                   guard_lib.evaluate_menus(probe, library, guards, 50, EVAL_SEED0)))
     menu_filter = guards.menu_filter if guards else None
 
     optimizers = pamagrpo.make_optimizers(policy, names, args.lr)
     cfg = pamagrpo.UpdateConfig(args.clip_eps, args.kl_coef, args.entropy_coef, args.epochs, args.minibatch,
                                 args.max_grad_norm)
     eval_seeds = list(range(EVAL_SEED0, EVAL_SEED0 + args.eval_episodes))
-    write_json(os.path.join(run_dir, "config.json"), dataclasses.asdict(args))
+    if lead:
+        write_json(os.path.join(run_dir, "config.json"), dataclasses.asdict(args))
     metrics_path, eval_path = os.path.join(run_dir, "metrics.jsonl"), os.path.join(run_dir, "eval.jsonl")
 
     start = load_checkpoint(run_dir, policy, optimizers) + 1 if args.resume else 0
-    if start > 0:  # drop records of iterations the checkpoint does not hold (killed mid-iteration)
+    if start > 0 and lead:  # drop records of iterations the checkpoint does not hold (killed mid-iteration)
         for path in (metrics_path, eval_path):  # baseline evaluations have iteration -1 and stay
             kept = [r for r in read_jsonl(path) if r["iteration"] < start]
             with open(path, "w") as f:
                 f.writelines(json.dumps(r) + "\n" for r in kept)
         print(f"resumed {run_dir} after iteration {start - 1}")
-    else:
-        for path in (metrics_path, eval_path):
+    elif start == 0:
+        for path in (metrics_path, eval_path) if lead else ():
             open(path, "w").close()
         # evaluate the frozen base: over primitive actions, and over guarded options
         base_agents = [None] * probe.n_agents
@@ -301,11 +334,13 @@ def main(argv: list[str] | None = None) -> str:
                 result = pamagrpo.evaluate(policy, game_factory, lib, filt, eval_seeds[:args.base_episodes],
                                            base_agents, temperature, args.seed)
                 record = {**eval_record("baseline", -1, result), "policy": tag, "temperature": temperature}
-                append_jsonl(eval_path, record)
-                print(f"{tag} T={temperature}: score {result['score']:.3f} ({time.perf_counter() - t0:.0f}s)")
-        scripted = scripted_score(game_factory, eval_seeds)
-        append_jsonl(eval_path, {"tag": "baseline", "iteration": -1, "policy": "scripted/coop",
-                                 "temperature": 0.0, "eval/score": scripted})
+                if lead:
+                    append_jsonl(eval_path, record)
+                    print(f"{tag} T={temperature}: score {result['score']:.3f} ({time.perf_counter() - t0:.0f}s)")
+        if lead:
+            scripted = scripted_score(game_factory, eval_seeds)
+            append_jsonl(eval_path, {"tag": "baseline", "iteration": -1, "policy": "scripted/coop",
+                                     "temperature": 0.0, "eval/score": scripted})
 
     # ------------------------------------------------------------------------- training loop (the algorithm)
     t_start = time.perf_counter()
@@ -317,28 +352,32 @@ def main(argv: list[str] | None = None) -> str:
         done = it + 1 - start
         eta = (time.perf_counter() - t_start) / done * (args.iterations - it - 1)
         entropy = " ".join(f"H{n[-1]}={record[f'train/{n}.entropy']:.2f}" for n in names)
-        print(f"iter {it + 1}/{args.iterations} score {record['rollout/score_mean']:.3f} "
-              f"return {record['rollout/return_mean']:.1f} zero-std {record['rollout/zero_std_groups']:.2f} "
-              f"{entropy} {record['time/iteration_s']:.0f}s/it ETA {eta / 60:.1f} min", flush=True)
+        if lead:
+            print(f"iter {it + 1}/{args.iterations} score {record['rollout/score_mean']:.3f} "
+                  f"return {record['rollout/return_mean']:.1f} zero-std {record['rollout/zero_std_groups']:.2f} "
+                  f"{entropy} {record['time/iteration_s']:.0f}s/it ETA {eta / 60:.1f} min", flush=True)
         if args.eval_interval and (it + 1) % args.eval_interval == 0 and it + 1 < args.iterations:
             result = pamagrpo.evaluate(policy, game_factory, library, menu_filter, eval_seeds, names, 0.0, args.seed)
             record.update({f"eval/{k}": v for k, v in result.items()})
-            append_jsonl(eval_path, eval_record("greedy", it, result))
-            policy.save_adapters(os.path.join(run_dir, "snapshots", f"iter_{it + 1:04d}"))
-            print(f"  eval (greedy, {len(eval_seeds)} seeds): score {result['score']:.3f}")
-        append_jsonl(metrics_path, record)
-        save_checkpoint(run_dir, policy, optimizers, it)
+            if lead:
+                append_jsonl(eval_path, eval_record("greedy", it, result))
+                policy.save_adapters(os.path.join(run_dir, "snapshots", f"iter_{it + 1:04d}"))
+                print(f"  eval (greedy, {len(eval_seeds)} seeds): score {result['score']:.3f}")
+        if lead:
+            append_jsonl(metrics_path, record)
+            save_checkpoint(run_dir, policy, optimizers, it)
 
     # ------------------------------------------------------------------------- final evaluation and report
-    if args.iterations == 0:
+    if args.iterations > 0:
+        result = pamagrpo.evaluate(policy, game_factory, library, menu_filter, eval_seeds, names, 0.0, args.seed)
+        if lead:
+            append_jsonl(eval_path, eval_record("final", args.iterations - 1, result))
+            policy.save_adapters(os.path.join(run_dir, "adapters"))
+            policy.save_adapters(os.path.join(run_dir, "snapshots", f"iter_{args.iterations:04d}"))
+            print(f"final eval (greedy, {len(eval_seeds)} seeds): score {result['score']:.3f}")
+    if lead:
         write_report(run_dir, args)
-        return run_dir
-    result = pamagrpo.evaluate(policy, game_factory, library, menu_filter, eval_seeds, names, 0.0, args.seed)
-    append_jsonl(eval_path, eval_record("final", args.iterations - 1, result))
-    policy.save_adapters(os.path.join(run_dir, "adapters"))
-    policy.save_adapters(os.path.join(run_dir, "snapshots", f"iter_{args.iterations:04d}"))
-    print(f"final eval (greedy, {len(eval_seeds)} seeds): score {result['score']:.3f}")
-    write_report(run_dir, args)
+    barrier()  # no rank leaves before rank 0 has written everything
     return run_dir
 
 
@@ -383,3 +422,6 @@ if __name__ == "__main__":
         main()
     except (ArgError, envs.LayoutError, guard_lib.GuardError, policy_lib.ModelError) as e:
         sys.exit(f"error: {e}")
+    finally:
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
