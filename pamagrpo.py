@@ -20,7 +20,7 @@ Each agent i has its own LoRA adapter (policy pi_i, see policy.py). One iteratio
    disabled. One AdamW optimizer per agent over that agent's adapter only, gradient-norm clipping.
 
 Symbols -> names: B `start_states`, G `group_size`, T `temperature`, R_d `returns`, A_d `advantages`,
-rho_d `ratio`, eps `clip_eps`, pi_old `old_logp`, pi_base `base_logp`, H `entropy`.
+rho_d `ratio`, eps `clip_eps`, pi_old `old`, pi_base `base`, H `entropy`, |D_i| `count`.
 
 Departures from GRPO (Shao et al. 2024) and MAGRPO:
 - the "completion" is one option choice from a menu; its probability is exact (normalized over the menu);
@@ -33,7 +33,9 @@ Departures from GRPO (Shao et al. 2024) and MAGRPO:
   memory and accumulate gradient), so pi_old is the first epoch's own forward and needs no extra pass;
   with `epochs=1` the ratio is exactly 1 and the clip never binds (plain on-policy GRPO);
 - with adapters only in the top layers (`lora_layers`), the update replays the rollouts' cached trunk
-  outputs instead of recomputing the frozen bottom layers (identical math, a fraction of the cost).
+  outputs instead of recomputing the frozen bottom layers (identical math, a fraction of the cost);
+- under torchrun, ranks split the start states (whole groups) and sum each agent's gradient before its
+  step, so the update equals the single-process one up to summation order.
 """
 
 from __future__ import annotations

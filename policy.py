@@ -292,10 +292,11 @@ class MenuPolicy:
         self.sliding_window = getattr(model.config, "sliding_window", None)
         self._option_ids: dict[str, list[int]] = {}
         n_layers = model.config.num_hidden_layers
-        if not 0 <= lora_layers <= n_layers:
-            raise ValueError(f"lora_layers must be in 0..{n_layers} (0 = every layer), got {lora_layers}")
-        # adapting only the top k layers: the layers below carry no autograd graph, so the update's
-        # backward pass stops at layer n - k (the main training cost on CPU)
+        if lora_layers < 0:
+            raise ValueError(f"lora_layers must be >= 0 (0 or >= {n_layers}: every layer), got {lora_layers}")
+        lora_layers = 0 if lora_layers >= n_layers else lora_layers  # the whole stack: no trunk
+        # adapting only the top k layers: the layers below carry no autograd graph and compute the same
+        # for every agent and the base, so the update can replay their cached output (see trunk_cache)
         top = list(range(n_layers - lora_layers, n_layers)) if lora_layers else None
         config = LoraConfig(r=lora_rank, lora_alpha=lora_alpha, target_modules=list(lora_targets)
                             if not isinstance(lora_targets, str) else lora_targets,

@@ -734,7 +734,8 @@ def test_policy_trunk_cache_replays_exactly(scoring):
     assert all(p.grad is None or not p.grad.any() for p in policy.agent_parameters("agent1"))
     assert all(isinstance(layer, type(policy.layers[1])) for layer in policy.layers)  # layers restored
     with pytest.raises(ValueError, match="lora_layers"):
-        MenuPolicy(*load_backbone("tiny"), ["agent0"], lora_layers=3)
+        MenuPolicy(*load_backbone("tiny"), ["agent0"], lora_layers=-1)
+    assert MenuPolicy(*load_backbone("tiny"), ["agent0"], lora_layers=3).trunk == 0  # >= depth: every layer
 
 
 @pytest.mark.filterwarnings("ignore::FutureWarning")  # peft 0.21 calls a deprecated transformers API
@@ -890,7 +891,7 @@ def test_update_trains_every_agents_lora_and_never_the_base():
 def tiny_args(tmp_path, name: str, *extra: str) -> list[str]:
     return ["--model", "tiny", "--dtype", "float32", "--game", "coop_push", "--layout", "heavy_only",
             "--group-size", "8", "--start-states", "2", "--eval-episodes", "4", "--burn-in-episodes", "30",
-            "--lr", "5e-3", "--eval-interval", "0", "--out", str(tmp_path / name),
+            "--lr", "5e-3", "--eval-interval", "0", "--lora-layers", "1", "--out", str(tmp_path / name),
             "--cache", str(tmp_path / "cache"), *extra]
 
 
