@@ -615,10 +615,11 @@ MENUS = [  # different token lengths, a prefix pair ("push box 2" / "push box 2 
 ]
 
 
-def make_policy(scoring: str = "text", agents=("agent0", "agent1"), rank: int = 4) -> MenuPolicy:
+def make_policy(scoring: str = "text", agents=("agent0", "agent1"), rank: int = 4, lora_layers: int = 0) -> MenuPolicy:
     """Tiny random backbone; adapters perturbed (LoRA B starts at 0) so agents differ from the base."""
     model, tokenizer = load_backbone("tiny")
-    policy = MenuPolicy(model, tokenizer, list(agents), lora_rank=rank, lora_alpha=2 * rank, scoring=scoring)
+    policy = MenuPolicy(model, tokenizer, list(agents), lora_rank=rank, lora_alpha=2 * rank, scoring=scoring,
+                        lora_layers=lora_layers)
     generator = torch.Generator().manual_seed(7)
     with torch.no_grad():
         for agent in policy.agents:
@@ -698,22 +699,9 @@ def test_policy_gradient_step_changes_only_that_agent(scoring):
     assert all(torch.equal(a, b) for a, b in zip(agent1_before, policy.agent_parameters("agent1")))
 
 
-def make_top_policy(scoring: str) -> MenuPolicy:
-    """Adapters in the top layer only (lora_layers=1 of 2), perturbed as in make_policy."""
-    model, tokenizer = load_backbone("tiny")
-    policy = MenuPolicy(model, tokenizer, ["agent0", "agent1"], lora_rank=4, lora_alpha=8, lora_layers=1,
-                        scoring=scoring)
-    generator = torch.Generator().manual_seed(7)
-    with torch.no_grad():
-        for agent in policy.agents:
-            for parameter in policy.agent_parameters(agent):
-                parameter.add_(0.3 * torch.randn(parameter.shape, generator=generator))
-    return policy
-
-
 @pytest.mark.parametrize("scoring", ["text", "label"])
 def test_policy_trunk_cache_replays_exactly(scoring):
-    policy = make_top_policy(scoring)
+    policy = make_policy(scoring, lora_layers=1)  # adapters in the top layer of 2
     assert policy.trunk == 1
     assert all(".layers.1." in n for n, _ in policy.peft.named_parameters() if "lora_" in n)
     decisions = decisions_for(policy)
