@@ -93,9 +93,10 @@ def rank_and_world() -> tuple[int, int]:
 
 def all_gather(values: list) -> list:
     """Every rank's list, concatenated in rank order (one process: the list itself)."""
-    if rank_and_world()[1] == 1:
+    world = rank_and_world()[1]
+    if world == 1:
         return list(values)
-    parts = [None] * rank_and_world()[1]
+    parts = [None] * world
     torch.distributed.all_gather_object(parts, list(values))
     return [v for part in parts for v in part]
 

@@ -310,7 +310,12 @@ class MenuPolicy:
         self.peft.eval()
         self._make_adapters_trainable()
         self.trunk = n_layers - lora_layers if lora_layers else 0  # layers below the adapters (0: none)
-        self.layers = self.peft.get_base_model().model.layers  # the decoder layers (nn.ModuleList)
+        self.layers = None  # the decoder layers (nn.ModuleList), needed only to replay a trunk
+        if self.trunk:
+            self.layers = getattr(getattr(self.peft.get_base_model(), "model", None), "layers", None)
+            if not isinstance(self.layers, torch.nn.ModuleList):
+                raise ValueError(f"lora_layers={lora_layers} needs a decoder stack at model.model.layers, which "
+                                 f"{type(model).__name__} lacks; use lora_layers=0 (every layer)")
 
     def _make_adapters_trainable(self) -> None:
         # peft marks only the ACTIVE adapter trainable; every agent's adapter must take gradients.
