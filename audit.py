@@ -360,7 +360,8 @@ def load_run(run_dir: str, model: str | None = None):
     policy = policy_lib.MenuPolicy(backbone, tokenizer, names, lora_rank=config["lora_rank"],
                                    lora_alpha=config["lora_alpha"],
                                    lora_targets=policy_lib.parse_lora_targets(config["lora_targets"]),
-                                   scoring=config["scoring"], seed=config["seed"])
+                                   lora_layers=config.get("lora_layers", 0), scoring=config["scoring"],
+                                   seed=config["seed"])
 
     def game_factory() -> Game:
         return envs.make_game(config["game"], config["layout"], 0)

@@ -8,6 +8,7 @@ policy (tiny random Llama), and the training loop.
 from __future__ import annotations
 
 import itertools
+import json
 
 import numpy as np
 import pytest
@@ -879,8 +880,8 @@ def test_update_trains_every_agents_lora_and_never_the_base():
 def tiny_args(tmp_path, name: str, *extra: str) -> list[str]:
     return ["--model", "tiny", "--dtype", "float32", "--game", "coop_push", "--layout", "heavy_only",
             "--group-size", "8", "--start-states", "2", "--eval-episodes", "4", "--burn-in-episodes", "30",
-            "--lr", "5e-3", "--eval-interval", "0", "--lora-layers", "1", "--out", str(tmp_path / name),
-            "--cache", str(tmp_path / "cache"), *extra]
+            "--lr", "5e-3", "--eval-interval", "0", "--lora-layers", "1", "--audit-episodes", "2",
+            "--out", str(tmp_path / name), "--cache", str(tmp_path / "cache"), *extra]
 
 
 def test_training_raises_reward_on_a_tiny_model(tmp_path):
@@ -895,8 +896,14 @@ def test_training_raises_reward_on_a_tiny_model(tmp_path):
                 "train/agent1.clip", "time/tokens"):
         assert key in metrics[-1]
     for name in ("config.json", "guards.json", "report.md", "curve.png", "adapters/agent0/adapter_config.json",
-                 "adapters/agent1/adapter_model.safetensors"):
+                 "adapters/agent1/adapter_model.safetensors", "audit_final.json", "replay.txt"):
         assert os.path.exists(os.path.join(run_dir, name)), name
+    with open(os.path.join(run_dir, "audit_final.json")) as f:
+        audit_row = json.load(f)
+    if audit_row["score"] > 0:  # heavy_only needs both agents: removing either loses everything
+        assert audit_row["summary"].startswith("interdependent") and audit_row["min_ablation_idle_drop_rel"] == 1.0
+    report = open(os.path.join(run_dir, "report.md")).read()
+    assert "Behavioral audit of the trained team" in report and "## Replay" in report and "agent 2:" in report
 
 
 def test_two_cpu_ranks_match_one_process(tmp_path):

@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+import audit
 import envs
 import guards as guard_lib
 import options
@@ -73,6 +74,7 @@ class Args:
     eval_episodes: int = 20  # held-out evaluation seeds
     base_temperatures: str = "0"  # comma-separated temperatures at which the frozen base is evaluated
     base_episodes: int = 10  # held-out seeds of the frozen-base baselines (the first of the eval seeds; 0: skip)
+    audit_episodes: int = 10  # held-out seeds of the final behavioral audit (audit.py; 0: skip)
     burn_in_episodes: int = 150  # random-policy burn-in episodes per round for the guards
     seed: int = 0  # seeds everything: guards, LoRA init, start states, sampling
     out: str | None = None  # run folder; default runs/GAME-LAYOUT-sSEED
@@ -87,10 +89,11 @@ CHOICES = {"game": tuple(envs.GAMES), "device": ("cpu", "cuda"), "dtype": tuple(
            "advantage": ("per_agent", "shared"), "credit": ("to_go", "episode")}
 POSITIVE = ("threads", "start_states", "group_size", "lora_rank", "epochs", "minibatch",
             "eval_episodes", "burn_in_episodes")
-NON_NEGATIVE = ("iterations", "lora_layers", "base_episodes", "temperature", "lr", "lora_alpha", "clip_eps",
-                "kl_coef", "entropy_coef", "max_grad_norm", "eval_interval")
+NON_NEGATIVE = ("iterations", "lora_layers", "base_episodes", "audit_episodes", "temperature", "lr", "lora_alpha",
+                "clip_eps", "kl_coef", "entropy_coef", "max_grad_norm", "eval_interval")
 # fields that may differ when resuming (everything else must match the checkpoint)
-RESUMABLE = ("iterations", "resume", "threads", "eval_interval", "base_temperatures", "base_episodes")
+RESUMABLE = ("iterations", "resume", "threads", "eval_interval", "base_temperatures", "base_episodes",
+             "audit_episodes")
 
 
 class ArgError(ValueError):
@@ -372,6 +375,16 @@ def main(argv: list[str] | None = None) -> str:
             policy.save_adapters(os.path.join(run_dir, "adapters"))
             policy.save_adapters(os.path.join(run_dir, "snapshots", f"iter_{args.iterations:04d}"))
             print(f"final eval (greedy, {len(eval_seeds)} seeds): score {result['score']:.3f}")
+            if args.audit_episodes:  # who did the work, and what each agent is worth (audit.py)
+                t0 = time.perf_counter()
+                seeds = eval_seeds[:args.audit_episodes]
+                row = {"iteration": args.iterations, "team": "trained adapters",
+                       **audit.audit_llm_team(policy, game_factory, library, names, seeds, menu_filter, args.seed)}
+                write_json(os.path.join(run_dir, "audit_final.json"), row)
+                chooses = [pamagrpo.llm_choose(policy, n) for n in names]
+                with open(os.path.join(run_dir, "replay.txt"), "w") as f:
+                    f.write(audit.replay(game_factory(), library, chooses, seeds[0], menu_filter) + "\n")
+                print(f"audit ({len(seeds)} seeds, {time.perf_counter() - t0:.0f}s): {row['summary']}")
     if lead:
         write_report(run_dir, args)
     barrier()  # no rank leaves before rank 0 has written everything
@@ -393,6 +406,18 @@ def write_report(run_dir: str, args: Args) -> None:
         total = sum(m["time/iteration_s"] for m in metrics)
         lines += ["", f"{len(metrics)} iterations, {total / 60:.1f} min of training "
                       f"({total / len(metrics):.0f} s per iteration)."]
+    audit_path, replay_path = os.path.join(run_dir, "audit_final.json"), os.path.join(run_dir, "replay.txt")
+    if os.path.exists(audit_path):
+        with open(audit_path) as f:
+            row = json.load(f)
+        lines += ["", f"## Behavioral audit of the trained team ({args.audit_episodes} held-out seeds, audit.py)", "",
+                  "Progress share, idle fraction and the relative score drop when the agent is replaced by an idle "
+                  "one, per agent (1/2); joint events per episode; the summary's thresholds are in audit.py.", "",
+                  audit.table([row], ["team"] + audit.default_columns(sum(k.endswith(".progress_share") for k in row)))]
+    if os.path.exists(replay_path):
+        with open(replay_path) as f:
+            lines += ["", "## Replay of one held-out episode (greedy, trained adapters)", "", "```",
+                      f.read().rstrip("\n"), "```"]
     with open(os.path.join(run_dir, "report.md"), "w") as f:
         f.write("\n".join(lines) + "\n")
     if metrics:
