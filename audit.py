@@ -35,7 +35,9 @@ Summary (`summarize`), checked in this order; agents are numbered from 1 in text
 
 Audits are deterministic when the `choose` functions are: each random stand-in agent draws from a
 generator seeded by (rng_seed, agent, episode seed). Run `python audit.py --reference` for the reference
-table of the scripted teams on every built-in layout; test: `pytest test_all.py -k audit`.
+table of the scripted teams on every built-in layout, `python audit.py RUN_DIR` to audit a run's snapshots
+over training, `python audit.py --final RUN_DIR...` for one row per run from the audit train.py wrote at its
+final evaluation; test: `pytest test_all.py -k audit`.
 """
 
 from __future__ import annotations
@@ -405,11 +407,35 @@ def audit_run(run_dir: str, seeds: Sequence[int]) -> list[dict]:
     return rows
 
 
+def final_audit_rows(run_dirs: Sequence[str]) -> list[dict]:
+    """One row per train.py run folder from the audit it wrote at its final evaluation (audit_final.json),
+    with the run's game, layout, model, advantage mode and whether the layout can be solved alone."""
+    import json
+    import os
+
+    rows = []
+    for run_dir in run_dirs:
+        try:
+            with open(os.path.join(run_dir, "config.json")) as f:
+                config = json.load(f)
+            with open(os.path.join(run_dir, "audit_final.json")) as f:
+                row = json.load(f)
+        except (OSError, json.JSONDecodeError) as e:
+            raise ValueError(f"{run_dir}: no readable config.json and audit_final.json ({e}); expected a run "
+                             "folder of train.py with --audit-episodes > 0") from None
+        cls = envs.GAMES[config["game"]]
+        rows.append({"game": config["game"], "layout": config["layout"], "model": config["model"],
+                     "advantage": config["advantage"], "solo_layout": config["layout"] in cls.solo_layouts, **row})
+    return rows
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="Behavioral audits: who does the work, and what each agent "
                                                  "is worth counterfactually.")
     parser.add_argument("--reference", action="store_true",
                         help="audit the scripted coop and solo teams on every built-in layout")
+    parser.add_argument("--final", nargs="+", metavar="RUN_DIR",
+                        help="one table row per run folder from the audit train.py wrote at its final evaluation")
     parser.add_argument("run_dir", nargs="?", help="a train.py run folder: audit its snapshots over training")
     parser.add_argument("--seeds", type=int, default=10, help="evaluation seeds (reference: 0..N-1; a run: "
                                                              "its held-out seeds)")
@@ -425,6 +451,13 @@ def main(argv: Sequence[str] | None = None) -> None:
             audit_run(cli.run_dir, range(EVAL_SEED0, EVAL_SEED0 + cli.seeds))
         except (ValueError, OSError, guard_lib.GuardError, policy_lib.ModelError) as e:
             parser.exit(1, f"error: {e}\n")
+        return
+    if cli.final:
+        try:
+            rows = final_audit_rows(cli.final)
+        except ValueError as e:
+            parser.exit(1, f"error: {e}\n")
+        print(table(rows, ["game", "layout", "solo_layout", "model", "advantage"] + default_columns(2)))
         return
     if cli.reference:
         columns = ["game", "layout", "team", "solo_layout"] + default_columns(2)

@@ -7,7 +7,9 @@ Each agent i has its own LoRA adapter (policy pi_i, see policy.py). One iteratio
    state and differ only by sampling; sampling seeds derive from (seed, iteration, start state, rollout).
 2. Credit. Decision d of agent i in rollout g is credited with the team's normalized return
    R_d = sum_{t >= t_d} r_t / R_max (the return-to-go from the decision's start step t_d; `credit="episode"`
-   uses the whole episode return instead).
+   uses the whole episode return instead; `credit="to_go_aligned"` subtracts the group's mean
+   return-to-go from the same step, R_d - mean_{g' in s} sum_{t >= t_d} r^{g'}_t / R_max, so that in long
+   episodes with several rewards early decisions are not favored merely for coming early).
 3. Per-agent advantages (Dr. MAS style). For agent i and group s, over agent i's own decisions D_{i,s}:
        A_d = (R_d - mean_{D_{i,s}} R) / (std_{D_{i,s}} R + eps)
    Agents make different numbers of decisions (options are asynchronous), so their statistics differ.
@@ -25,7 +27,8 @@ rho_d `ratio`, eps `clip_eps`, pi_old `old`, pi_base `base`, H `entropy`, |D_i| 
 Departures from GRPO (Shao et al. 2024) and MAGRPO:
 - the "completion" is one option choice from a menu; its probability is exact (normalized over the menu);
 - per-agent normalization (above) instead of one group baseline shared by all agents (kept as a flag);
-- return-to-go credit by default (options make an episode a sequence of decisions, not one completion);
+- return-to-go credit by default (options make an episode a sequence of decisions, not one completion),
+  optionally with a time-aligned group baseline (`to_go_aligned`, the kitchen preset);
 - KL to the frozen base computed exactly over the menu instead of a sampled k3 estimator;
 - both agents' losses are summed into one mixed-adapter backward pass (an agent's LoRA weights get
   gradient only from its own decisions), then each agent's optimizer steps on its own adapter;
@@ -163,11 +166,17 @@ def play(games: list[envs.Game], seeds: list[int], library: options.Library, men
                 run.advance()
 
 
-def credit(steps: list[Step], runners: list[options.Runner], max_reward: float, mode: str) -> None:
-    """Set each step's credited return: return-to-go from its start step, or the episode return."""
+def credit(steps: list[Step], runners: list[options.Runner], max_reward: float, mode: str,
+           group_of: list[int] | None = None) -> None:
+    """Set each step's credited return: the return-to-go from its start step ("to_go"), the episode return
+    ("episode"), or the return-to-go minus the mean return-to-go of its group's rollouts from the same step
+    ("to_go_aligned": a time-aligned group baseline, so a decision is not credited for how early it came)."""
     for step in steps:
         rewards = runners[step.rollout].rewards
         total = sum(rewards) if mode == "episode" else sum(rewards[step.t:])
+        if mode == "to_go_aligned":
+            peers = [r for r in range(len(runners)) if group_of[r] == group_of[step.rollout]]
+            total -= float(np.mean([sum(runners[r].rewards[step.t:]) for r in peers]))
         step.ret = total / max_reward
 
 
@@ -304,7 +313,7 @@ def iteration(policy: MenuPolicy, optimizers, game_factory, library, menu_filter
     runners, steps = play(games, rollout_seeds, library, menu_filter, policy, names, temperature, gens, trunk_cache)
     t_rollout = time.perf_counter() - t0
     max_reward = games[0].max_reward
-    credit(steps, runners, max_reward, credit_mode)
+    credit(steps, runners, max_reward, credit_mode, group_of)
     episode_returns = [sum(run.rewards) / max_reward for run in runners]
     zero, units = advantage_counts(steps, episode_returns, group_of, advantage_mode)
     metrics = update(policy, optimizers, steps, cfg, order_seed=seed * 1_000_003 + it, trunk_cache=trunk_cache)

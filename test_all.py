@@ -831,6 +831,12 @@ def test_return_to_go_credit():
     steps[1].t = 3
     pamagrpo.credit(steps, runners, 110.0, "to_go")
     assert steps[1].ret == pytest.approx(100 / 110)
+    # time-aligned group baseline: rollouts 0 and 1 form one group; from step 3 their returns-to-go are
+    # 100 and 10, so the mean 55 is subtracted; from step 0 they are 110 and 10 (mean 60)
+    pamagrpo.credit(steps, runners, 110.0, "to_go_aligned", [0, 0])
+    assert [s.ret for s in steps] == [pytest.approx(50 / 110), pytest.approx(45 / 110), pytest.approx(-45 / 110)]
+    pamagrpo.credit(steps, runners, 110.0, "to_go_aligned", [0, 1])  # alone in its group: nothing to compare
+    assert [s.ret for s in steps] == [pytest.approx(0.0)] * 3
 
 
 def test_per_agent_advantages_use_each_agents_own_statistics():
@@ -884,7 +890,7 @@ def tiny_args(tmp_path, name: str, *extra: str) -> list[str]:
             "--out", str(tmp_path / name), "--cache", str(tmp_path / "cache"), *extra]
 
 
-def test_training_raises_reward_on_a_tiny_model(tmp_path):
+def test_training_raises_reward_on_a_tiny_model(tmp_path, capsys):
     run_dir = train.main(tiny_args(tmp_path, "run", "--iterations", "8"))
     metrics = train.read_jsonl(os.path.join(run_dir, "metrics.jsonl"))
     evals = train.read_jsonl(os.path.join(run_dir, "eval.jsonl"))
@@ -904,6 +910,11 @@ def test_training_raises_reward_on_a_tiny_model(tmp_path):
         assert audit_row["summary"].startswith("interdependent") and audit_row["min_ablation_idle_drop_rel"] == 1.0
     report = open(os.path.join(run_dir, "report.md")).read()
     assert "Behavioral audit of the trained team" in report and "## Replay" in report and "agent 2:" in report
+    capsys.readouterr()
+    audit.main(["--final", run_dir])  # the cross-run table reads the same audit
+    assert f"| coop_push | heavy_only | no | tiny | per_agent | {audit_row['score']:.2f} |" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        audit.main(["--final", str(tmp_path)])  # not a run folder: one clear line, exit 1
 
 
 def test_two_cpu_ranks_match_one_process(tmp_path):

@@ -69,7 +69,8 @@ class Args:
     scoring: str = "text"  # text (per-token mean option log-likelihood) | label (identity-tied labels)
     action_mode: str = "options"  # options | primitive (one-step options, the low-level baseline)
     advantage: str = "per_agent"  # per_agent (PA-MAGRPO) | shared (MAGRPO baseline, the ablation)
-    credit: str = "to_go"  # to_go (return-to-go from the decision) | episode (whole-episode return)
+    credit: str = "to_go"  # to_go (return-to-go from the decision) | episode | to_go_aligned (minus the group's
+    #                        mean return-to-go from the same step)
     eval_interval: int = 10  # greedy evaluation every this many iterations (0: only at the end)
     eval_episodes: int = 20  # held-out evaluation seeds
     base_temperatures: str = "0"  # comma-separated temperatures at which the frozen base is evaluated
@@ -86,7 +87,7 @@ class Args:
 PRESETS: dict[str, dict] = {"coop_push": {}, "forage": {}, "kitchen": {}}
 CHOICES = {"game": tuple(envs.GAMES), "device": ("cpu", "cuda"), "dtype": tuple(policy_lib.DTYPES),
            "scoring": policy_lib.SCORINGS, "action_mode": ("options", "primitive"),
-           "advantage": ("per_agent", "shared"), "credit": ("to_go", "episode")}
+           "advantage": ("per_agent", "shared"), "credit": ("to_go", "episode", "to_go_aligned")}
 POSITIVE = ("threads", "start_states", "group_size", "lora_rank", "epochs", "minibatch",
             "eval_episodes", "burn_in_episodes")
 NON_NEGATIVE = ("iterations", "lora_layers", "base_episodes", "audit_episodes", "temperature", "lr", "lora_alpha",
