@@ -9,7 +9,8 @@ Each agent i has its own LoRA adapter (policy pi_i, see policy.py). One iteratio
    R_d = sum_{t >= t_d} r_t / R_max (the return-to-go from the decision's start step t_d; `credit="episode"`
    uses the whole episode return instead; `credit="to_go_aligned"` subtracts the group's mean
    return-to-go from the same step, R_d - mean_{g' in s} sum_{t >= t_d} r^{g'}_t / R_max, so that in long
-   episodes with several rewards early decisions are not favored merely for coming early).
+   episodes with several rewards early decisions are not favored merely for coming early). A discount
+   `gamma` < 1 weighs r_t by gamma^(t - t_d), which prefers the faster of rollouts that all succeed.
 3. Per-agent advantages (Dr. MAS style). For agent i and group s, over agent i's own decisions D_{i,s}:
        A_d = (R_d - mean_{D_{i,s}} R) / (std_{D_{i,s}} R + eps)
    Agents make different numbers of decisions (options are asynchronous), so their statistics differ.
@@ -22,7 +23,7 @@ Each agent i has its own LoRA adapter (policy pi_i, see policy.py). One iteratio
    disabled. One AdamW optimizer per agent over that agent's adapter only, gradient-norm clipping.
 
 Symbols -> names: B `start_states`, G `group_size`, T `temperature`, R_d `returns`, A_d `advantages`,
-rho_d `ratio`, eps `clip_eps`, pi_old `old`, pi_base `base`, H `entropy`, |D_i| `count`.
+gamma `gamma`, rho_d `ratio`, eps `clip_eps`, pi_old `old`, pi_base `base`, H `entropy`, |D_i| `count`.
 
 Departures from GRPO (Shao et al. 2024) and MAGRPO:
 - the "completion" is one option choice from a menu; its probability is exact (normalized over the menu);
@@ -166,17 +167,24 @@ def play(games: list[envs.Game], seeds: list[int], library: options.Library, men
                 run.advance()
 
 
+def discounted(rewards: list[float], start: int, gamma: float) -> float:
+    """sum_{t >= start} gamma^(t - start) r_t."""
+    return float(sum(r * gamma ** k for k, r in enumerate(rewards[start:])))
+
+
 def credit(steps: list[Step], runners: list[options.Runner], max_reward: float, mode: str,
-           group_of: list[int] | None = None) -> None:
+           group_of: list[int] | None = None, gamma: float = 1.0) -> None:
     """Set each step's credited return: the return-to-go from its start step ("to_go"), the episode return
     ("episode"), or the return-to-go minus the mean return-to-go of its group's rollouts from the same step
-    ("to_go_aligned": a time-aligned group baseline, so a decision is not credited for how early it came)."""
+    ("to_go_aligned": a time-aligned group baseline, so a decision is not credited for how early it came).
+    gamma < 1 discounts rewards by their distance from the decision (from step 0 for "episode"), so that
+    among rollouts that all succeed the faster ones are preferred."""
     for step in steps:
         rewards = runners[step.rollout].rewards
-        total = sum(rewards) if mode == "episode" else sum(rewards[step.t:])
+        total = discounted(rewards, 0 if mode == "episode" else step.t, gamma)
         if mode == "to_go_aligned":
             peers = [r for r in range(len(runners)) if group_of[r] == group_of[step.rollout]]
-            total -= float(np.mean([sum(runners[r].rewards[step.t:]) for r in peers]))
+            total -= float(np.mean([discounted(runners[r].rewards, step.t, gamma) for r in peers]))
         step.ret = total / max_reward
 
 
@@ -295,7 +303,7 @@ def make_optimizers(policy: MenuPolicy, names: list[str], lr: float) -> dict[str
 
 def iteration(policy: MenuPolicy, optimizers, game_factory, library, menu_filter, seeds: list[int],
               group_size: int, temperature: float, credit_mode: str, advantage_mode: str, cfg: UpdateConfig,
-              seed: int, it: int) -> dict[str, float]:
+              seed: int, it: int, gamma: float = 1.0) -> dict[str, float]:
     """One PA-MAGRPO iteration: group rollouts -> credit -> advantages -> per-agent update. Returns metrics.
 
     Under torchrun each rank plays the groups of its share of `seeds` (whole groups, so advantages stay
@@ -313,7 +321,7 @@ def iteration(policy: MenuPolicy, optimizers, game_factory, library, menu_filter
     runners, steps = play(games, rollout_seeds, library, menu_filter, policy, names, temperature, gens, trunk_cache)
     t_rollout = time.perf_counter() - t0
     max_reward = games[0].max_reward
-    credit(steps, runners, max_reward, credit_mode, group_of)
+    credit(steps, runners, max_reward, credit_mode, group_of, gamma)
     episode_returns = [sum(run.rewards) / max_reward for run in runners]
     zero, units = advantage_counts(steps, episode_returns, group_of, advantage_mode)
     metrics = update(policy, optimizers, steps, cfg, order_seed=seed * 1_000_003 + it, trunk_cache=trunk_cache)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import re
 
 import numpy as np
 import pytest
@@ -837,6 +838,11 @@ def test_return_to_go_credit():
     assert [s.ret for s in steps] == [pytest.approx(50 / 110), pytest.approx(45 / 110), pytest.approx(-45 / 110)]
     pamagrpo.credit(steps, runners, 110.0, "to_go_aligned", [0, 1])  # alone in its group: nothing to compare
     assert [s.ret for s in steps] == [pytest.approx(0.0)] * 3
+    pamagrpo.credit(steps, runners, 110.0, "to_go", gamma=0.5)  # r_t weighed by 0.5^(t - t_d)
+    assert [s.ret for s in steps] == [pytest.approx((10 / 4 + 100 / 16) / 110), pytest.approx(100 / 2 / 110),
+                                      pytest.approx(10 / 4 / 110)]
+    pamagrpo.credit(steps, runners, 110.0, "episode", gamma=0.5)  # discounted from step 0
+    assert steps[2].ret == pytest.approx(10 / 32 / 110)
 
 
 def test_per_agent_advantages_use_each_agents_own_statistics():
@@ -979,11 +985,13 @@ def test_resume_gives_the_same_adapters_as_an_uninterrupted_run(tmp_path):
     (["--group-size", "0"], "--group-size 0: expected an integer >= 1"),
     (["--scoring", "logits"], "--scoring 'logits': expected one of text, label"),
     (["--clip-eps", "1.5"], "--clip-eps 1.5: expected a number in"),
+    (["--gamma", "0"], "--gamma 0.0: expected a number in (0, 1]"),
+    (["--credit", "future"], "--credit 'future': expected one of to_go, episode, to_go_aligned"),
     (["--advantage", "global"], "--advantage 'global': expected one of per_agent, shared"),
     (["--base-temperatures", "0,x"], "--base-temperatures '0,x': expected comma-separated numbers"),
 ])
 def test_bad_flags_give_one_clear_error(flags, message):
-    with pytest.raises(train.ArgError, match=message):
+    with pytest.raises(train.ArgError, match=re.escape(message)):
         train.parse_args(flags)
 
 

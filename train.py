@@ -71,6 +71,7 @@ class Args:
     advantage: str = "per_agent"  # per_agent (PA-MAGRPO) | shared (MAGRPO baseline, the ablation)
     credit: str = "to_go"  # to_go (return-to-go from the decision) | episode | to_go_aligned (minus the group's
     #                        mean return-to-go from the same step)
+    gamma: float = 1.0  # discount of the credited return (1: none; < 1 prefers faster rollouts), in (0, 1]
     eval_interval: int = 10  # greedy evaluation every this many iterations (0: only at the end)
     eval_episodes: int = 20  # held-out evaluation seeds
     base_temperatures: str = "0"  # comma-separated temperatures at which the frozen base is evaluated
@@ -132,6 +133,8 @@ def validate(args: Args) -> None:
             raise ArgError(f"--{name.replace('_', '-')} {getattr(args, name)}: expected a number >= 0")
     if args.clip_eps >= 1:
         raise ArgError(f"--clip-eps {args.clip_eps}: expected a number in [0, 1)")
+    if not 0 < args.gamma <= 1:
+        raise ArgError(f"--gamma {args.gamma}: expected a number in (0, 1]")
     try:
         temps = [float(t) for t in args.base_temperatures.split(",")]
     except ValueError:
@@ -349,7 +352,7 @@ def main(argv: list[str] | None = None) -> str:
         seeds = training_seeds(args.seed, it, args.start_states)
         record = pamagrpo.iteration(policy, optimizers, game_factory, library, menu_filter, seeds,
                                     args.group_size, args.temperature, args.credit, args.advantage, cfg,
-                                    args.seed, it)
+                                    args.seed, it, args.gamma)
         done = it + 1 - start
         eta = (time.perf_counter() - t_start) / done * (args.iterations - it - 1)
         entropy = " ".join(f"H{n[-1]}={record[f'train/{n}.entropy']:.2f}" for n in names)
