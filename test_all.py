@@ -981,6 +981,13 @@ def test_resume_gives_the_same_adapters_as_an_uninterrupted_run(tmp_path):
         train.main(["--resume", full, "--iterations", "4"])
 
 
+def test_per_game_presets_apply_unless_a_flag_is_given():
+    for game, preset in train.PRESETS.items():
+        args, given = train.parse_args(["--game", game])
+        assert all(getattr(args, k) == v for k, v in preset.items()) and given == {"game"}
+    assert train.parse_args(["--game", "forage", "--gamma", "1"])[0].gamma == 1.0
+
+
 @pytest.mark.parametrize("flags,message", [
     (["--group-size", "0"], "--group-size 0: expected an integer >= 1"),
     (["--scoring", "logits"], "--scoring 'logits': expected one of text, label"),
