@@ -14,8 +14,9 @@ Each agent i has its own LoRA adapter (policy pi_i, see policy.py). One iteratio
 3. Per-agent advantages (Dr. MAS style). For agent i and group s, over agent i's own decisions D_{i,s}:
        A_d = (R_d - mean_{D_{i,s}} R) / (std_{D_{i,s}} R + eps)
    Agents make different numbers of decisions (options are asynchronous), so their statistics differ.
-   `advantage="shared"` is the MAGRPO baseline: the mean and std of the G rollouts' episode returns of
-   group s, the same for every agent. A group with zero spread gives zero advantage.
+   `advantage="shared"` is the MAGRPO baseline: one mean and std over all of group s's decisions, both
+   agents pooled, the same for every agent (with `credit="episode"`, the G rollouts' returns weighted by
+   their decision counts). A group with zero spread gives zero advantage.
 4. Per-agent loss over agent i's decisions, with rho_d = pi_i(o_d | h_d) / pi_old(o_d | h_d):
        L_i = mean_d[ -min(rho_d A_d, clip(rho_d, 1 - eps, 1 + eps) A_d) ]
              + kl_coef * mean_d KL(pi_i(.|h_d) || pi_base(.|h_d))  -  entropy_coef * mean_d H(pi_i(.|h_d))
@@ -188,27 +189,25 @@ def credit(steps: list[Step], runners: list[options.Runner], max_reward: float, 
         step.ret = total / max_reward
 
 
-def advantages(steps: list[Step], episode_returns: list[float], group_of: list[int], mode: str,
-               eps: float = 1e-6) -> float:
+def advantages(steps: list[Step], group_of: list[int], mode: str, eps: float = 1e-6) -> float:
     """Fill step.advantage; returns the fraction of zero-spread (agent, group) pairs (or groups, shared)."""
-    zero, total = advantage_counts(steps, episode_returns, group_of, mode, eps)
+    zero, total = advantage_counts(steps, group_of, mode, eps)
     return zero / max(total, 1)
 
 
-def advantage_counts(steps: list[Step], episode_returns: list[float], group_of: list[int], mode: str,
-                     eps: float = 1e-6) -> tuple[int, int]:
+def advantage_counts(steps: list[Step], group_of: list[int], mode: str, eps: float = 1e-6) -> tuple[int, int]:
     """advantages(), returning (zero-spread units, units): the counts add up over ranks."""
     zero, total = 0, 0
     groups = sorted(set(group_of))
-    if mode == "shared":  # MAGRPO: one baseline per group from its rollouts' episode returns
+    if mode == "shared":  # MAGRPO: one baseline per group over all its decisions, the same for every agent
         for s in groups:
-            rets = np.array([episode_returns[r] for r in range(len(group_of)) if group_of[r] == s])
+            mine = [st for st in steps if group_of[st.rollout] == s]
+            rets = np.array([st.ret for st in mine])
             mean, std = rets.mean(), rets.std()
             total += 1
             zero += std < eps
-            for step in steps:
-                if group_of[step.rollout] == s:
-                    step.advantage = 0.0 if std < eps else float((step.ret - mean) / (std + eps))
+            for st in mine:
+                st.advantage = 0.0 if std < eps else float((st.ret - mean) / (std + eps))
         return zero, total
     for s in groups:  # PA-MAGRPO: agent i's statistics over agent i's own decisions in group s
         for i in sorted({st.agent for st in steps}):
@@ -322,8 +321,7 @@ def iteration(policy: MenuPolicy, optimizers, game_factory, library, menu_filter
     t_rollout = time.perf_counter() - t0
     max_reward = games[0].max_reward
     credit(steps, runners, max_reward, credit_mode, group_of, gamma)
-    episode_returns = [sum(run.rewards) / max_reward for run in runners]
-    zero, units = advantage_counts(steps, episode_returns, group_of, advantage_mode)
+    zero, units = advantage_counts(steps, group_of, advantage_mode)
     metrics = update(policy, optimizers, steps, cfg, order_seed=seed * 1_000_003 + it, trunk_cache=trunk_cache)
     scores = all_gather([run.game.score for run in runners])
     raw = all_gather([run.game.total_reward for run in runners])

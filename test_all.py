@@ -849,18 +849,20 @@ def test_per_agent_advantages_use_each_agents_own_statistics():
     # group 0 = rollouts 0, 1; agent 0 decides 3 times, agent 1 once per rollout
     steps = [fake_step(0, 0, 0, 1.0), fake_step(0, 0, 1, 1.0), fake_step(1, 0, 0, 0.0),
              fake_step(0, 1, 0, 0.5), fake_step(1, 1, 0, 0.0)]
-    zero = pamagrpo.advantages(steps, [1.0, 0.0], [0, 0], "per_agent")
+    zero = pamagrpo.advantages(steps, [0, 0], "per_agent")
     a0 = np.array([1.0, 1.0, 0.0])
     expected0 = (a0 - a0.mean()) / a0.std()
     assert [s.advantage for s in steps[:3]] == pytest.approx(list(expected0), rel=1e-5)
     assert [s.advantage for s in steps[3:]] == pytest.approx([1.0, -1.0], rel=1e-5)  # (0.5 - 0.25) / 0.25
     assert zero == 0.0
-    # the shared (MAGRPO) baseline: mean and std of the rollouts' episode returns, for every agent
-    pamagrpo.advantages(steps, [1.0, 0.0], [0, 0], "shared")
-    assert [s.advantage for s in steps] == pytest.approx([1.0, 1.0, -1.0, 0.0, -1.0], rel=1e-5)
+    # the shared (MAGRPO) baseline: one mean (0.5) and std (sqrt(0.2)) over the group's decisions, both
+    # agents pooled, for every agent
+    pamagrpo.advantages(steps, [0, 0], "shared")
+    assert [s.advantage for s in steps] == pytest.approx([0.5 / 0.2 ** 0.5 * k for k in (1, 1, -1, 0, -1)], rel=1e-5)
     # a group whose returns do not vary gives zero advantage, and is counted
     flat = [fake_step(0, 0, 0, 0.3), fake_step(1, 0, 0, 0.3)]
-    assert pamagrpo.advantages(flat, [0.3, 0.3], [0, 0], "per_agent") == 1.0 and flat[0].advantage == 0.0
+    assert pamagrpo.advantages(flat, [0, 0], "per_agent") == 1.0 and flat[0].advantage == 0.0
+    assert pamagrpo.advantages(flat, [0, 0], "shared") == 1.0 and flat[0].advantage == 0.0
 
 
 def test_sampling_seeds_depend_only_on_iteration_group_and_rollout():
