@@ -407,9 +407,12 @@ def write_report(run_dir: str, args: Args) -> None:
     evals = read_jsonl(os.path.join(run_dir, "eval.jsonl"))
     metrics = read_jsonl(os.path.join(run_dir, "metrics.jsonl"))
     rows = [(f"{r['policy']} (T={r['temperature']:g})", r["eval/score"]) for r in evals if r["tag"] == "baseline"]
+    method = "PA-MAGRPO" if args.advantage == "per_agent" else "MAGRPO (shared advantages)"
+    rows += [(f"{method}, iteration {r['iteration'] + 1} (greedy)", r["eval/score"]) for r in evals
+             if r["tag"] == "greedy"]
     final = [r for r in evals if r["tag"] == "final"]
     if final:
-        rows.append((f"trained PA-MAGRPO adapters (greedy, {args.iterations} iterations)", final[-1]["eval/score"]))
+        rows.append((f"**{method}, final: iteration {args.iterations} (greedy)**", final[-1]["eval/score"]))
     lines = [f"# {args.game} / {args.layout} / {args.model}", "",
              f"Held-out evaluation on {args.eval_episodes} seeds (normalized score, 1.0 = all reward).", "",
              "| policy | score |", "| --- | --- |"] + [f"| {name} | {score:.3f} |" for name, score in rows]
