@@ -644,7 +644,10 @@ def stack(values: list[torch.Tensor]) -> torch.Tensor:
 
 @pytest.mark.parametrize("scoring", ["text", "label"])
 def test_policy_menu_log_probs_normalized_and_match_naive(scoring):
+    # the backbone computes in float64 here (outputs stay float32): in float32 this comparison failed twice
+    # in ~10 full-suite runs with differences of ~1e-3 (typically 2e-6), never in isolation; not yet explained
     policy = make_policy(scoring)
+    policy.peft.double()
     decisions = decisions_for(policy)
     batched = policy.menu_log_probs(decisions)
     for decision, log_probs in zip(decisions, batched):
