@@ -168,9 +168,12 @@ def play(games: list[envs.Game], seeds: list[int], library: options.Library, men
                 run.advance()
 
 
-def discounted(rewards: list[float], start: int, gamma: float) -> float:
-    """sum_{t >= start} gamma^(t - start) r_t."""
-    return float(sum(r * gamma ** k for k, r in enumerate(rewards[start:])))
+def returns_to_go(rewards: list[float], gamma: float) -> list[float]:
+    """G_t = sum_{t' >= t} gamma^(t' - t) r_t' for every step t, and G_T = 0 past the last step."""
+    out = [0.0] * (len(rewards) + 1)
+    for t in range(len(rewards) - 1, -1, -1):
+        out[t] = rewards[t] + gamma * out[t + 1]
+    return out
 
 
 def credit(steps: list[Step], runners: list[options.Runner], max_reward: float, mode: str,
@@ -180,12 +183,16 @@ def credit(steps: list[Step], runners: list[options.Runner], max_reward: float, 
     ("to_go_aligned": a time-aligned group baseline, so a decision is not credited for how early it came).
     gamma < 1 discounts rewards by their distance from the decision (from step 0 for "episode"), so that
     among rollouts that all succeed the faster ones are preferred."""
+    to_go = [returns_to_go(run.rewards, gamma) for run in runners]
+
+    def at(r: int, t: int) -> float:  # rollout r's return-to-go from step t (0 once it has ended)
+        return to_go[r][min(t, len(to_go[r]) - 1)]
+
     for step in steps:
-        rewards = runners[step.rollout].rewards
-        total = discounted(rewards, 0 if mode == "episode" else step.t, gamma)
+        total = at(step.rollout, 0 if mode == "episode" else step.t)
         if mode == "to_go_aligned":
             peers = [r for r in range(len(runners)) if group_of[r] == group_of[step.rollout]]
-            total -= float(np.mean([discounted(runners[r].rewards, step.t, gamma) for r in peers]))
+            total -= float(np.mean([at(r, step.t) for r in peers]))
         step.ret = total / max_reward
 
 

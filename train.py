@@ -391,14 +391,15 @@ def main(argv: list[str] | None = None) -> str:
             print(f"final eval (greedy, {len(eval_seeds)} seeds): score {result['score']:.3f}")
             if args.audit_episodes:  # who did the work, and what each agent is worth (audit.py)
                 t0 = time.perf_counter()
-                seeds = eval_seeds[:args.audit_episodes]
-                row = {"iteration": args.iterations, "team": "trained adapters",
-                       **audit.audit_llm_team(policy, game_factory, library, names, seeds, menu_filter, args.seed)}
+                audit_seeds = eval_seeds[:args.audit_episodes]
+                row = {"iteration": args.iterations, "team": "trained adapters", "episodes": len(audit_seeds),
+                       **audit.audit_llm_team(policy, game_factory, library, names, audit_seeds, menu_filter,
+                                              args.seed)}
                 write_json(os.path.join(run_dir, "audit_final.json"), row)
                 chooses = [pamagrpo.llm_choose(policy, n) for n in names]
                 with open(os.path.join(run_dir, "replay.txt"), "w") as f:
-                    f.write(audit.replay(game_factory(), library, chooses, seeds[0], menu_filter) + "\n")
-                print(f"audit ({len(seeds)} seeds, {time.perf_counter() - t0:.0f}s): {row['summary']}")
+                    f.write(audit.replay(game_factory(), library, chooses, audit_seeds[0], menu_filter) + "\n")
+                print(f"audit ({len(audit_seeds)} seeds, {time.perf_counter() - t0:.0f}s): {row['summary']}")
     if lead:
         write_report(run_dir, args)
     barrier()  # no rank leaves before rank 0 has written everything
@@ -427,7 +428,8 @@ def write_report(run_dir: str, args: Args) -> None:
     if os.path.exists(audit_path):
         with open(audit_path) as f:
             row = json.load(f)
-        lines += ["", f"## Behavioral audit of the trained team ({args.audit_episodes} held-out seeds, audit.py)", "",
+        episodes = row.get("episodes", min(args.audit_episodes, args.eval_episodes))  # --audit-episodes is capped
+        lines += ["", f"## Behavioral audit of the trained team ({episodes} held-out seeds, audit.py)", "",
                   "Progress share, idle fraction and the relative score drop when the agent is replaced by an idle "
                   "one, per agent (1/2); joint events per episode; the summary's thresholds are in audit.py.", "",
                   audit.table([row], ["team"] + audit.default_columns(sum(k.endswith(".progress_share") for k in row)))]
