@@ -654,7 +654,7 @@ class Kitchen(Game):
     """
 
     name = "kitchen"
-    rules = "Onion soup: put 3 onions in a pot, let it cook, plate it with a dish, serve it. Counters pass items."
+    rules = "Put 3 onions in a pot, let it cook, plate the soup with a dish, serve it. Counters pass items."
     legend = {" ": "floor", ".": "floor", "X": "counter", "O": "onion dispenser", "D": "dish dispenser",
               "P": "pot", "S": "serving window", **{str(k): f"agent {k}" for k in range(1, 10)}}
     keys = {"max_steps": "an integer >= 1", "random_starts": "yes or no", "orders": "an integer >= 1",
@@ -782,29 +782,31 @@ class Kitchen(Game):
         def hold(i: int) -> str:
             return f"holding {self.held[i]}" if self.held[i] else "empty-handed"
 
-        lines = [f"You: {hold(agent)}. Soups served {self.served}/{self.orders}."]
+        lines = [f"You: {hold(agent)}. Served {self.served}/{self.orders}."]
         for j in range(self.n_agents):
             if j != agent:
                 who = self.partner_word(agent, j).capitalize()
                 lines.append(f"{who}: {self.relation(agent, self.pos[j])}, {hold(j)}.")
-        for label, cells in (("Onions", self.onion_dispensers), ("Dishes", self.dish_dispensers),
-                             ("Window", self.windows)):
-            c = self.nearest(agent, cells)
-            lines.append(f"{label}: {self.relation(agent, c)}.")
+        # the nearest station of each kind, on one line (one line each cost 6 more tokens)
+        stations = (("Onions", self.onion_dispensers), ("dishes", self.dish_dispensers), ("window", self.windows))
+        lines.append(", ".join(f"{label} {self.relation(agent, self.nearest(agent, cells))}"
+                               for label, cells in stations) + ".")
         for k, c in enumerate(self.pots):
             state = self.pot_state(k)
             if state == "cooking":
                 state = f"cooking, {in_words(self.pot_timer[k], 'step')} left"
             lines.append(f"Pot {k + 1}: {state}, {self.relation(agent, c)}.")
-        # items on counters, grouped by kind, the nearest of each (a crowded counter row would otherwise
-        # dominate the prompt: one line per item pushed forced_coordination prompts past 180 tokens)
+        # items on counters, the nearest of each kind, on one line: a crowded counter row would otherwise
+        # dominate the prompt (one line per item pushed forced_coordination prompts past 180 tokens)
+        found = []
         for item in sorted({item for item, _ in self.on_counter.values()}):
             cells = sorted((c for c, (it, _) in self.on_counter.items() if it == item),
                            key=lambda c: (self.manhattan(self.pos[agent], c), c))
-            where = self.relation(agent, cells[0])
             more = f" (+{len(cells) - 1} more)" if len(cells) > 1 else ""
             plural = item + ("es" if item.endswith("sh") else "s")
-            lines.append(f"Counter {plural}: {where}{more}.")
+            found.append(f"{plural} {self.relation(agent, cells[0])}{more}")
+        if found:
+            lines.append("On counters: " + "; ".join(found) + ".")
         return "\n".join(lines)
 
     def render(self) -> str:

@@ -30,8 +30,10 @@ Test: `pytest test_all.py -k guard`.
 from __future__ import annotations
 
 import hashlib
+import inspect
 import json
 import os
+import sys
 from dataclasses import asdict, dataclass
 
 import numpy as np
@@ -201,9 +203,13 @@ def load_guards(path: str, game: Game, library: Library, settings: BurnInSetting
 
 
 def cached_guards(game: Game, library: Library, settings: BurnInSettings, cache_dir: str) -> Guards:
-    """Guards for this game, layout and settings: reused from `cache_dir` when already synthesized."""
-    key = hashlib.sha256(json.dumps([game.name, layout_fingerprint(game), asdict(settings),
-                                     FORMAT]).encode()).hexdigest()[:16]
+    """Guards for this game, layout and settings: reused from `cache_dir` when already synthesized.
+
+    The key also covers the source of the game and option modules, so a change to how options act
+    (and therefore to the burn-in data) never reuses guards mined under the old behavior."""
+    sources = [inspect.getsource(sys.modules[type(x).__module__]) for x in (game, library)]
+    key = hashlib.sha256(json.dumps([game.name, layout_fingerprint(game), asdict(settings), FORMAT,
+                                     *sources]).encode()).hexdigest()[:16]
     path = os.path.join(cache_dir, f"guards-{game.name}-{key}.json")
     if os.path.exists(path):
         try:
