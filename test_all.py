@@ -311,6 +311,23 @@ def test_options_report_failure_with_reasons():
     assert runner.executions[0].duration == load.horizon
 
 
+def test_plating_an_unfilled_pot_ends_at_once_without_moving():
+    game = envs.make_game("kitchen", None, seed=0)
+    lib = options.make_library(game)
+    game.held[0] = "dish"
+    start = game.pos[0]
+    runner = options.Runner(game, lib)
+    runner.assign(0, lib.pick(lib.ground(game, 0), "plate_soup", 0))
+    runner.assign(1, lib.wait())
+    runner.advance()
+    plate = runner.executions[0]
+    assert (plate.success, plate.reason, plate.duration) == (False, "no soup in the pot", 1)
+    assert game.pos[0] == start and game.held[0] == "dish"
+    # so burn-in shows plating fail whenever the pot is not full, and the guards hide it there
+    guard = guards.build_guards(game, lib, guards.BurnInSettings())
+    assert ("arg0.full", True) in guard.literals["plate_soup"]
+
+
 @pytest.mark.parametrize("game_name", list(envs.GAMES))
 def test_same_seed_same_trajectory(game_name):
     def play(mode):
