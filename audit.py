@@ -162,8 +162,10 @@ def summarize(metrics: dict, n_agents: int) -> str:
         if not others:
             return "solo (a one-agent team)"
         spare = min(others, key=lambda j: (cost[j], j))
-        return (f"solo (agent {worker + 1} does {percent(share[worker])} of progress; "
-                f"removing agent {spare + 1} costs {percent(cost[spare])})")
+        effect = f"costs {percent(cost[spare])}" if cost[spare] >= 0 else \
+            f"raises the score by {percent(-cost[spare])}: it gets in the way"
+        return f"solo (agent {worker + 1} does {percent(share[worker])} of progress; removing agent {spare + 1} " \
+               f"{effect})"
     if max(cost) < DISPENSABLE_DROP:
         return (f"redundant (progress shares {share_text}; removing any one agent costs "
                 f"< {percent(DISPENSABLE_DROP)}: {cost_text})")

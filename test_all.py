@@ -584,7 +584,9 @@ def test_audit_summary_thresholds():
              ((1.0, (0.7, 0.3), (0.8, 0.05)), "solo (agent 1 does 70% of progress; removing agent 2 costs 5%)"),
              ((1.0, (0.5, 0.5), (0.5, 1.0)), "interdependent"), ((1.0, (0.5, 0.5), (0.0, 0.05)), "redundant"),
              ((1.0, (0.5, 0.5), (1.0 - 0.9, 0.0)), "mixed"), ((1.0, (0.6, 0.4), (0.6, 0.3)), "mixed"),
-             ((0.0, (0.0, 0.0), (0.0, 0.0)), "no reward")]
+             ((0.0, (0.0, 0.0), (0.0, 0.0)), "no reward"),
+             ((0.6, (0.54, 0.46), (1.0, -0.5)),
+              "solo (agent 1 does 54% of progress; removing agent 2 raises the score by 50%: it gets in the way)")]
     for (score, shares, costs), expected in cases:
         assert audit.summarize(metrics(score, shares, costs), 2).startswith(expected), (shares, costs)
 
