@@ -355,7 +355,7 @@ def load_run(run_dir: str, model: str | None = None):
     except (OSError, json.JSONDecodeError) as e:
         raise ValueError(f"{run_dir}: no readable config.json ({e}); expected a run folder of train.py") from None
     probe = envs.make_game(config["game"], config["layout"], 0)
-    library = make_library(probe, config["action_mode"])
+    library = make_library(probe, config["action_mode"], config.get("feedback", "none") == "failures")
     guards = None
     if config["action_mode"] == "options":
         guards = guard_lib.load_guards(os.path.join(run_dir, "guards.json"), probe, library)

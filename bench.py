@@ -73,8 +73,10 @@ def real_decisions(policy, game_name: str, n: int, seed: int = 0) -> list:
     import guards as guard_lib
     import policy as policy_lib
 
+    import train
+
     game = envs.make_game(game_name, None, seed)
-    library = options.make_library(game)
+    library = options.make_library(game, feedback=train.PRESETS[game_name].get("feedback") == "failures")
     guard = guard_lib.cached_guards(game, library, guard_lib.BurnInSettings(), str(policy_lib.cache_root() / "guards"))
     rng = np.random.default_rng(seed)
     out = []

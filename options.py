@@ -51,6 +51,7 @@ class Library:
     """The option library of one game. Subclasses implement grounding, execution and the fact vocabulary."""
 
     kinds: tuple[str, ...] = ()
+    feedback: bool = False  # observation() names the agent's last option when it failed (make_library)
 
     def ground(self, game: Game, agent: int) -> list[Option]:
         raise NotImplementedError
@@ -574,13 +575,17 @@ class PrimitiveLibrary(Library):
 LIBRARIES = {"coop_push": PushOptions, "forage": ForageOptions, "kitchen": KitchenOptions}
 
 
-def make_library(game: Game, action_mode: str = "options") -> Library:
-    """The option library for a game; action_mode 'primitive' gives one-step primitive options."""
+def make_library(game: Game, action_mode: str = "options", feedback: bool = False) -> Library:
+    """The option library for a game; action_mode 'primitive' gives one-step primitive options.
+    feedback: the policy's observation names the agent's last option when it failed."""
     if action_mode == "primitive":
-        return PrimitiveLibrary(game.name)
-    if action_mode != "options":
+        library = PrimitiveLibrary(game.name)
+    elif action_mode == "options":
+        library = LIBRARIES[game.name]()
+    else:
         raise ValueError(f"unknown action mode '{action_mode}'; expected options or primitive")
-    return LIBRARIES[game.name]()
+    library.feedback = feedback
+    return library
 
 
 # ----------------------------------------------------------------------------- the asynchronous runner
@@ -647,7 +652,9 @@ class Runner:
 
 def observation(runner: Runner, agent: int, menu: list[Option]) -> tuple[str, list[str]]:
     """What the policy reads: the agent's view (relations in words, and what the partner is doing now)
-    and the menu texts (with step distances)."""
+    and the menu texts (with step distances). With `library.feedback`, also the agent's last option if it
+    failed: a greedy policy otherwise sees the same text after a failure and retries the same option
+    forever (kitchen: putting an onion into a full pot on the only tile next to it)."""
     game = runner.game
     lines = [game.view(agent)]
     for j, option in enumerate(runner.current):
@@ -657,6 +664,10 @@ def observation(runner: Runner, agent: int, menu: list[Option]) -> tuple[str, li
             fresh = option is None or runner.running[j].start == game.t
             doing = "choosing" if fresh else option.text
             lines.append(f"{game.partner_word(agent, j).capitalize()} is doing: {doing}.")
+    if runner.library.feedback:
+        last = next((run for run in reversed(runner.executions) if run.agent == agent), None)
+        if last is not None and last.success is False:
+            lines.append(f"Your last option failed: {last.option.text}.")
     return "\n".join(lines), [runner.library.describe(game, agent, o) for o in menu]
 
 

@@ -328,6 +328,31 @@ def test_plating_an_unfilled_pot_ends_at_once_without_moving():
     assert ("arg0.full", True) in guard.literals["plate_soup"]
 
 
+def test_feedback_names_the_last_option_only_after_it_failed():
+    def after_plating(feedback: bool):
+        game = envs.make_game("kitchen", None, seed=0)
+        lib = options.make_library(game, feedback=feedback)
+        game.held[0] = "dish"
+        runner = options.Runner(game, lib)
+        runner.assign(0, lib.pick(lib.ground(game, 0), "plate_soup", 0))  # the pot is empty: fails at once
+        runner.assign(1, lib.wait())
+        runner.advance()
+        return runner, lib
+
+    runner, lib = after_plating(feedback=True)
+    view, _ = options.observation(runner, 0, runner.menu(0))
+    assert view.endswith("Your last option failed: plate soup from pot 1.")
+    assert "failed" not in options.observation(runner, 1, runner.menu(1))[0]  # agent 2 is still waiting
+    runner.assign(0, lib.wait())  # a success (the wait) clears it
+    while runner.current[0] is not None:
+        runner.advance()
+        if runner.current[1] is None:
+            runner.assign(1, lib.wait())
+    assert "failed" not in options.observation(runner, 0, runner.menu(0))[0]
+    runner, _ = after_plating(feedback=False)
+    assert "failed" not in options.observation(runner, 0, runner.menu(0))[0]
+
+
 @pytest.mark.parametrize("game_name", list(envs.GAMES))
 def test_same_seed_same_trajectory(game_name):
     def play(mode):
@@ -1027,6 +1052,7 @@ def test_per_game_presets_apply_unless_a_flag_is_given():
     (["--gamma", "0"], "--gamma 0.0: expected a number in (0, 1]"),
     (["--credit", "future"], "--credit 'future': expected one of to_go, episode, to_go_aligned"),
     (["--advantage", "global"], "--advantage 'global': expected one of per_agent, shared"),
+    (["--feedback", "yes"], "--feedback 'yes': expected one of none, failures"),
     (["--base-temperatures", "0,x"], "--base-temperatures '0,x': expected comma-separated numbers"),
 ])
 def test_bad_flags_give_one_clear_error(flags, message):

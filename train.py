@@ -68,6 +68,7 @@ class Args:
     max_grad_norm: float = 1.0  # gradient-norm clip of each adapter
     scoring: str = "text"  # text (per-token mean option log-likelihood) | label (identity-tied labels)
     action_mode: str = "options"  # options | primitive (one-step options, the low-level baseline)
+    feedback: str = "none"  # none | failures (the prompt names the agent's last option if it failed)
     advantage: str = "per_agent"  # per_agent (PA-MAGRPO) | shared (MAGRPO baseline, the ablation)
     credit: str = "to_go"  # to_go (return-to-go) | episode | to_go_aligned (minus the group's same-step mean)
     gamma: float = 1.0  # discount of the credited return (1: none; < 1 prefers faster rollouts), in (0, 1]
@@ -92,11 +93,12 @@ PRESETS: dict[str, dict] = {
     # plain return-to-go credits a decision for how early it came in a 100-step, two-soup episode: rollout
     # scores stayed flat for 10 iterations; with a time-aligned group baseline and the discount they rose
     # 0.30 -> 0.74 in 20 (~100 s an iteration, so 20 fill the time budget); greedy 0.575 (README, kitchen)
-    "kitchen": {"credit": "to_go_aligned", "gamma": 0.95, "iterations": 20},
+    "kitchen": {"credit": "to_go_aligned", "gamma": 0.95, "iterations": 20, "feedback": "failures"},
 }
 CHOICES = {"game": tuple(envs.GAMES), "device": ("cpu", "cuda"), "dtype": tuple(policy_lib.DTYPES),
            "scoring": policy_lib.SCORINGS, "action_mode": ("options", "primitive"),
-           "advantage": ("per_agent", "shared"), "credit": ("to_go", "episode", "to_go_aligned")}
+           "advantage": ("per_agent", "shared"), "credit": ("to_go", "episode", "to_go_aligned"),
+           "feedback": ("none", "failures")}
 POSITIVE = ("threads", "start_states", "group_size", "lora_rank", "epochs", "minibatch",
             "eval_episodes", "burn_in_episodes")
 NON_NEGATIVE = ("iterations", "lora_layers", "base_episodes", "audit_episodes", "temperature", "lr", "lora_alpha",
@@ -286,7 +288,7 @@ def main(argv: list[str] | None = None) -> str:
     def game_factory() -> envs.Game:
         return envs.make_game(args.game, layout, 0)
 
-    library = options.make_library(probe, args.action_mode)
+    library = options.make_library(probe, args.action_mode, args.feedback == "failures")
     # backbone + one LoRA adapter per agent (a missing model fails here, before anything is written);
     # rank 0 first, so a GGUF preset is converted into the cache once
     if not lead:
@@ -341,7 +343,7 @@ def main(argv: list[str] | None = None) -> str:
             open(path, "w").close()
         # evaluate the frozen base: over primitive actions, and over guarded options
         base_agents = [None] * probe.n_agents
-        primitive = options.make_library(probe, "primitive")
+        primitive = options.make_library(probe, "primitive", args.feedback == "failures")
         for tag, lib, filt in (("base/primitive", primitive, None), ("base/options", library, menu_filter)):
             for temperature in (float(t) for t in args.base_temperatures.split(",") if args.base_episodes):
                 t0 = time.perf_counter()
