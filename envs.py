@@ -802,7 +802,7 @@ class Kitchen(Game):
         for item in sorted({item for item, _ in self.on_counter.values()}):
             cells = sorted((c for c, (it, _) in self.on_counter.items() if it == item),
                            key=lambda c: (self.manhattan(self.pos[agent], c), c))
-            more = f" (+{len(cells) - 1} more)" if len(cells) > 1 else ""
+            more = f" (+{len(cells) - 1})" if len(cells) > 1 else ""
             plural = item + ("es" if item.endswith("sh") else "s")
             found.append(f"{plural} {self.relation(agent, cells[0])}{more}")
         if found:

@@ -667,7 +667,7 @@ def observation(runner: Runner, agent: int, menu: list[Option]) -> tuple[str, li
     if runner.library.feedback:
         last = next((run for run in reversed(runner.executions) if run.agent == agent), None)
         if last is not None and last.success is False:
-            lines.append(f"Your last option failed: {last.option.text}.")
+            lines.append(f"Failed: {last.option.text}.")  # terse: kitchen prompts stay within 150 tokens
     return "\n".join(lines), [runner.library.describe(game, agent, o) for o in menu]
 
 

@@ -341,16 +341,16 @@ def test_feedback_names_the_last_option_only_after_it_failed():
 
     runner, lib = after_plating(feedback=True)
     view, _ = options.observation(runner, 0, runner.menu(0))
-    assert view.endswith("Your last option failed: plate soup from pot 1.")
-    assert "failed" not in options.observation(runner, 1, runner.menu(1))[0]  # agent 2 is still waiting
+    assert view.endswith("Failed: plate soup from pot 1.")
+    assert "Failed:" not in options.observation(runner, 1, runner.menu(1))[0]  # agent 2 is still waiting
     runner.assign(0, lib.wait())  # a success (the wait) clears it
     while runner.current[0] is not None:
         runner.advance()
         if runner.current[1] is None:
             runner.assign(1, lib.wait())
-    assert "failed" not in options.observation(runner, 0, runner.menu(0))[0]
+    assert "Failed:" not in options.observation(runner, 0, runner.menu(0))[0]
     runner, _ = after_plating(feedback=False)
-    assert "failed" not in options.observation(runner, 0, runner.menu(0))[0]
+    assert "Failed:" not in options.observation(runner, 0, runner.menu(0))[0]
 
 
 @pytest.mark.parametrize("game_name", list(envs.GAMES))
@@ -822,7 +822,7 @@ def test_policy_save_load_roundtrip_and_peft_format(tmp_path):
 @pytest.mark.parametrize("kwargs, message", [
     ({"model": "no-such-preset"}, "unknown preset"),
     ({"model": "/no/such/folder"}, "not a model folder"),
-    ({"model": "tiny", "dtype": "float16"}, "accepted: float32, bfloat16"),
+    ({"model": "tiny", "dtype": "float16"}, "accepted: auto, float32, bfloat16"),
     ({"model": "tiny", "device": "gpu0"}, "accepted: cpu"),
 ])
 def test_policy_load_backbone_errors(kwargs, message):
@@ -1036,6 +1036,11 @@ def test_resume_gives_the_same_adapters_as_an_uninterrupted_run(tmp_path):
     (tmp_path / "full" / "checkpoint" / "optimizers.pt").write_bytes(b"garbage")
     with pytest.raises(train.ArgError, match="is corrupt"):
         train.main(["--resume", full, "--iterations", "4"])
+
+
+def test_auto_dtype_resolves_to_a_concrete_dtype():
+    assert train.policy_lib.auto_dtype("cpu") in train.policy_lib.DTYPES
+    assert train.parse_args([])[0].dtype == "auto"  # resolved by main, which writes the resolved one
 
 
 def test_per_game_presets_apply_unless_a_flag_is_given():

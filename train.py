@@ -49,7 +49,7 @@ class Args:
     layout: str | None = None  # a built-in layout name or a layout file; default: the game's classic layout
     model: str = "smollm2-135m"  # preset (smollm2-135m, gemma3-270m, tiny), local dir, .gguf file or hub id
     device: str = "cpu"  # cpu | cuda
-    dtype: str = "bfloat16"  # bfloat16 (measured ~2x faster forward here) | float32; one dtype throughout
+    dtype: str = "auto"  # auto (bfloat16 where the hardware has it natively, else float32) | bfloat16 | float32
     threads: int = 2  # torch CPU threads
     iterations: int = 30  # PA-MAGRPO iterations (0: only evaluate the frozen base)
     start_states: int = 2  # B: start states (seeds) per iteration
@@ -95,7 +95,7 @@ PRESETS: dict[str, dict] = {
     # 0.30 -> 0.74 in 20 (~100 s an iteration, so 20 fill the time budget); greedy 0.575 (README, kitchen)
     "kitchen": {"credit": "to_go_aligned", "gamma": 0.95, "iterations": 20, "feedback": "failures"},
 }
-CHOICES = {"game": tuple(envs.GAMES), "device": ("cpu", "cuda"), "dtype": tuple(policy_lib.DTYPES),
+CHOICES = {"game": tuple(envs.GAMES), "device": ("cpu", "cuda"), "dtype": ("auto", *policy_lib.DTYPES),
            "scoring": policy_lib.SCORINGS, "action_mode": ("options", "primitive"),
            "advantage": ("per_agent", "shared"), "credit": ("to_go", "episode", "to_go_aligned"),
            "feedback": ("none", "failures")}
@@ -275,6 +275,8 @@ def main(argv: list[str] | None = None) -> str:
     args, given = parse_args(argv)
     if args.resume:
         args = resolve_resume(args, given)
+    if args.dtype == "auto":  # the config records what ran
+        args.dtype = policy_lib.auto_dtype(args.device)
     torch.set_num_threads(args.threads)
     seed_everything(args.seed)
     device = start_distributed(args.device)
