@@ -1,7 +1,8 @@
 """Speed benchmarks: environments, option runner, menu scoring, the training step.
 
     python bench.py                 # every section, a table
-    python bench.py --only env      # one section: env | prompts | scoring | train
+    python bench.py --only env      # one section: env | prompts | dtype | scoring | train
+    python bench.py --dtypes float32  # LLM sections in these dtypes only (default: float32, bfloat16)
     python bench.py --models tiny   # LLM sections for these models only (default: tiny, smollm2-135m)
     python bench.py --json          # one JSON object
 
@@ -163,15 +164,40 @@ def section_prompts(quick: bool) -> list:
     return rows
 
 
+DTYPES = ["float32", "bfloat16"]
+
+
+def section_dtype(quick: bool) -> list:
+    """One no-grad forward of 8 sequences of 200 tokens per dtype: whether this CPU computes bfloat16
+    natively (fast) or emulates it (slow), which is what `--dtype auto` in train.py decides from CPU flags."""
+    import torch
+
+    import policy as policy_lib
+
+    rows = []
+    for model in MODELS:
+        for dtype in DTYPES:
+            network, _ = policy_lib.load_backbone(model, "cpu", dtype)
+            tokens = torch.randint(0, 1000, (8, 200), generator=torch.Generator().manual_seed(0))
+            repeats = 1 if quick else 3
+            with torch.no_grad():
+                network(tokens)  # warm-up
+                start = time.perf_counter()
+                for _ in range(repeats):
+                    network(tokens)
+            rows.append({"model": model, "dtype": dtype, "forward_s": (time.perf_counter() - start) / repeats,
+                         "cpu": torch.backends.cpu.get_cpu_capability(), "auto": policy_lib.auto_dtype("cpu")})
+    return rows
+
+
 def section_scoring(quick: bool) -> list:
     n = 16 if quick else 48
-    return [bench_scoring(m, n, dtype) for m in MODELS for dtype in (["float32"] if m == "tiny" else
-                                                                      ["float32", "bfloat16"])]
+    return [bench_scoring(m, n, dtype) for m in MODELS for dtype in DTYPES if m != "tiny" or dtype == "float32"]
 
 
 def section_train(quick: bool) -> list:
     """The training step: adapters on every layer (0) vs the top 4 layers (trunk cached and replayed)."""
-    dtypes = ("bfloat16",) if quick else ("float32", "bfloat16")
+    dtypes = DTYPES[-1:] if quick else DTYPES
     return [bench_train(m, dtype, layers) for m in MODELS for dtype in dtypes for layers in (0, 4)]
 
 
@@ -183,6 +209,7 @@ def print_rows(rows: list) -> None:
 
 
 SECTIONS = {"env": (section_env, print_env), "prompts": (section_prompts, print_rows),
+            "dtype": (section_dtype, print_rows),
             "scoring": (section_scoring, print_rows),
             "train": (section_train, print_rows)}
 
@@ -193,12 +220,17 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="fewer repetitions")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
     parser.add_argument("--models", default=",".join(MODELS), help="comma-separated models of the LLM sections")
+    parser.add_argument("--dtypes", default=",".join(DTYPES), help="comma-separated dtypes of the LLM sections")
     parser.add_argument("--threads", type=int, default=2, help="torch threads")
     args = parser.parse_args()
+    for dtype in args.dtypes.split(","):
+        if dtype not in ("float32", "bfloat16"):
+            parser.error(f"--dtypes: unknown dtype {dtype!r}; accepted: float32, bfloat16")
     import torch
 
     torch.set_num_threads(args.threads)
     MODELS[:] = args.models.split(",")
+    DTYPES[:] = args.dtypes.split(",")
     results = {}
     for name, (run, show) in SECTIONS.items():
         if args.only and name != args.only:
