@@ -68,16 +68,14 @@ def print_env(result: dict) -> None:
               f"{row['runner_decisions_per_s']:>12,}")
 
 
-def real_decisions(policy, game_name: str, n: int, seed: int = 0) -> list:
+def real_decisions(policy, game_name: str, n: int, seed: int = 0, feedback: bool = False) -> list:
     """n real decisions of the default layout (guarded menus, random options), both agents; a group's
     rollouts share their start state, so about one decision in four repeats one already seen."""
     import guards as guard_lib
     import policy as policy_lib
 
-    import train
-
     game = envs.make_game(game_name, None, seed)
-    library = options.make_library(game, feedback=train.PRESETS[game_name].get("feedback") == "failures")
+    library = options.make_library(game, feedback=feedback)
     guard = guard_lib.cached_guards(game, library, guard_lib.BurnInSettings(), str(policy_lib.cache_root() / "guards"))
     rng = np.random.default_rng(seed)
     out = []
@@ -155,10 +153,11 @@ def section_prompts(quick: bool) -> list:
     """Prompt tokens (SmolLM2 tokenizer; the tiny model shares it) of real decisions of each default layout."""
     policy = llm_policy("tiny", "float32")
     rows = []
-    for game_name in envs.GAMES:
-        decisions = real_decisions(policy, game_name, 32 if quick else 128)
+    for game_name, feedback in [(g, False) for g in envs.GAMES] + [("kitchen", True)]:
+        decisions = real_decisions(policy, game_name, 32 if quick else 128, feedback=feedback)
         tokens = [len(policy.tokenize_decision(d)[0]) for d in decisions]
-        rows.append({"game": game_name, "decisions": len(decisions), "mean_prompt_tokens": float(np.mean(tokens)),
+        rows.append({"game": game_name + (" --feedback failures" if feedback else ""), "decisions": len(decisions),
+                     "mean_prompt_tokens": float(np.mean(tokens)),
                      "max_prompt_tokens": max(tokens),
                      "mean_options": float(np.mean([len(d.menu) for d in decisions]))})
     return rows

@@ -183,8 +183,8 @@ def _tiny_model(vocab_size: int, pad_token_id: int | None) -> PreTrainedModel:
 
 def auto_dtype(device: str) -> str:
     """bfloat16 where the hardware computes it natively, else float32. Measured with SmolLM2 on 2 CPU
-    threads: bfloat16 ran a forward ~2x faster than float32 on a CPU with native bfloat16, but ~5.6x
-    slower on an AVX2-only CPU (AMD EPYC), where it is emulated (README, Speed)."""
+    threads: bfloat16 ran a forward ~2x faster than float32 on a CPU with native bfloat16, but ~5x
+    slower on an AVX2-only CPU (AMD EPYC), where it is emulated (`python bench.py --only dtype`)."""
     if device.startswith("cuda"):
         return "bfloat16" if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else "float32"
     try:
