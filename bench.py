@@ -173,12 +173,12 @@ def section_dtype(quick: bool) -> list:
 
     import policy as policy_lib
 
+    tokens = torch.randint(0, 1000, (8, 200), generator=torch.Generator().manual_seed(0))
+    repeats = 1 if quick else 3
     rows = []
     for model in MODELS:
         for dtype in DTYPES:
             network, _ = policy_lib.load_backbone(model, "cpu", dtype)
-            tokens = torch.randint(0, 1000, (8, 200), generator=torch.Generator().manual_seed(0))
-            repeats = 1 if quick else 3
             with torch.no_grad():
                 network(tokens)  # warm-up
                 start = time.perf_counter()
@@ -223,8 +223,8 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2, help="torch threads")
     args = parser.parse_args()
     for dtype in args.dtypes.split(","):
-        if dtype not in ("float32", "bfloat16"):
-            parser.error(f"--dtypes: unknown dtype {dtype!r}; accepted: float32, bfloat16")
+        if dtype not in DTYPES:
+            parser.error(f"--dtypes: unknown dtype {dtype!r}; accepted: {', '.join(DTYPES)}")
     import torch
 
     torch.set_num_threads(args.threads)

@@ -664,10 +664,9 @@ def observation(runner: Runner, agent: int, menu: list[Option]) -> tuple[str, li
             fresh = option is None or runner.running[j].start == game.t
             doing = "choosing" if fresh else option.text
             lines.append(f"{game.partner_word(agent, j).capitalize()} is doing: {doing}.")
-    if runner.library.feedback:
-        last = next((run for run in reversed(runner.executions) if run.agent == agent), None)
-        if last is not None and last.success is False:
-            lines.append(f"Failed: {last.option.text}.")  # terse: kitchen prompts stay within 150 tokens
+    last = runner.running[agent]  # the agent's latest execution (ended, since it is choosing), or None
+    if runner.library.feedback and last is not None and last.success is False:
+        lines.append(f"Failed: {last.option.text}.")  # terse: kitchen prompts stay within 150 tokens
     return "\n".join(lines), [runner.library.describe(game, agent, o) for o in menu]
 
 
