@@ -358,9 +358,9 @@ class ForageOptions(Library):
 
 
 class KitchenOptions(Library):
-    """fetch_onion(), fetch_dish(), put_onion(pot), plate_soup(pot) (ends at once unless the pot holds three
-    onions; waits at the pot while they cook), serve(), place() (on the free counter nearest the partner's
-    side), take(item), wait().
+    """fetch_onion(), fetch_dish(), put_onion(pot) (ends at once if the pot holds three onions), plate_soup(pot)
+    (ends at once unless it does; waits at the pot while they cook), serve(), place() (on the free counter
+    nearest the partner's side), take(item), wait().
     Each walks to a cell next to its station, faces it and interacts; an interaction that changes nothing
     ends the option as a failure."""
 
@@ -409,10 +409,11 @@ class KitchenOptions(Library):
     def act(self, game, agent, option, memory):
         if option.kind == "wait":
             return self.wait_action(game, agent, lambda c: game.floor[c])
-        if option.kind == "plate_soup" and game.pot_onions[option.args[0]] < 3:
-            # nothing to plate (yet, or any more): end now rather than walk to the pot and stand on the
-            # only tile next to it, where the partner would have to put the missing onions
-            memory["no_soup"] = True
+        if option.kind in ("put_onion", "plate_soup") and \
+                (game.pot_onions[option.args[0]] < 3) == (option.kind == "plate_soup"):
+            # nothing to plate (yet, or any more), or no room for an onion: end now rather than walk to the
+            # pot and stand on the only tile next to it, where the partner must add the onions or plate
+            memory["pot_says_no"] = True
             return 0
         targets = self.stations(game, agent, option)
         if not targets:
@@ -438,8 +439,8 @@ class KitchenOptions(Library):
         kind = option.kind
         if kind == "wait":
             return self.waited(memory)
-        if memory.pop("no_soup", False):
-            return False, "no soup in the pot"
+        if memory.pop("pot_says_no", False):
+            return False, "no soup in the pot" if kind == "plate_soup" else "the pot is full"
         if kind in ("fetch_onion", "fetch_dish") and memory.get("interacted"):
             want = "onion" if kind == "fetch_onion" else "dish"
             return (True, f"holding {want}") if game.held[agent] == want else (False, "hands are full")

@@ -311,7 +311,7 @@ def test_options_report_failure_with_reasons():
     assert runner.executions[0].duration == load.horizon
 
 
-def test_plating_an_unfilled_pot_ends_at_once_without_moving():
+def test_pot_options_that_cannot_act_end_at_once_without_moving():
     game = envs.make_game("kitchen", None, seed=0)
     lib = options.make_library(game)
     game.held[0] = "dish"
@@ -323,9 +323,17 @@ def test_plating_an_unfilled_pot_ends_at_once_without_moving():
     plate = runner.executions[0]
     assert (plate.success, plate.reason, plate.duration) == (False, "no soup in the pot", 1)
     assert game.pos[0] == start and game.held[0] == "dish"
-    # so burn-in shows plating fail whenever the pot is not full, and the guards hide it there
+    # and an onion for a full pot likewise
+    game.pot_onions[0], game.held[1] = 3, "onion"
+    runner.assign(0, lib.wait())
+    runner.assign(1, lib.pick(lib.ground(game, 1), "put_onion", 0))
+    start = game.pos[1]
+    runner.advance()
+    put = runner.executions[-1]
+    assert (put.success, put.reason, put.duration) == (False, "the pot is full", 1) and game.pos[1] == start
+    # so burn-in shows these fail whenever they cannot act, and the guards hide them there
     guard = guards.build_guards(game, lib, guards.BurnInSettings())
-    assert ("arg0.full", True) in guard.literals["plate_soup"]
+    assert ("arg0.full", True) in guard.literals["plate_soup"] and ("arg0.full", False) in guard.literals["put_onion"]
 
 
 def test_feedback_names_the_last_option_only_after_it_failed():
