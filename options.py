@@ -124,19 +124,33 @@ def navigate(game: Game, agent: int, targets: list[int], passable, memory: dict)
     """Next action toward the nearest target, going around the partner; if only the partner blocks
     the way, step toward it anyway (it may move). None: no target is reachable at all.
 
-    Two agents stepping into the same cell both stay, and deterministic planners would repeat that
-    forever, so after a failed move every agent but the lowest-indexed one yields for one step."""
+    Deterministic planners can block each other for good, so every agent but the lowest-indexed one
+    gives way: after one failed move it stays for a step (two agents stepping into the same cell),
+    and if the next try fails too it steps aside to a free neighbouring cell (two agents in a
+    corridor each standing where the other must go: a swap no waiting resolves)."""
     pos, others = game.pos[agent], partner_cells(game, agent)
-    last = memory.get("last_move")
-    if last is not None and last == pos and not memory.pop("yielded", False) and agent > 0:
-        memory["yielded"] = True
-        memory["last_move"] = None
-        return 0
+    failed = memory.get("last_move") == pos
+    if failed:
+        memory["fails"] = memory.get("fails", 0) + 1
+    elif not memory.get("yielded"):  # a step given way is not a success: keep counting
+        memory["fails"] = 0
+    memory["last_move"] = memory["yielded"] = None
+    if failed and agent > 0:
+        if memory["fails"] == 1:
+            memory["yielded"] = True
+            return 0
+        aside = [(a, n) for a, n in neighbours(pos, game.width, game.height)
+                 if passable(n) and n not in others and n != memory.get("entering")]
+        if aside:
+            memory["last_move"], memory["entering"] = pos, aside[0][1]
+            return aside[0][0]
     goals = [c for c in targets if c not in others] or targets
     action = step_toward(pos, goals, passable, game.width, game.height, others)
     if action is None:
         action = step_toward(pos, targets, passable, game.width, game.height)
-    memory["last_move"] = pos if action else None
+    if action:
+        memory["last_move"] = pos
+        memory["entering"] = next(n for a, n in neighbours(pos, game.width, game.height) if a == action)
     return action
 
 
@@ -358,11 +372,11 @@ class ForageOptions(Library):
 
 
 class KitchenOptions(Library):
-    """fetch_onion(), fetch_dish(), put_onion(pot) (ends at once if the pot holds three onions), plate_soup(pot)
-    (ends at once unless it does; waits at the pot while they cook), serve(), place() (on the free counter
-    nearest the partner's side), take(item), wait().
+    """fetch_onion(), fetch_dish(), put_onion(pot), plate_soup(pot) (waits at the pot while the soup cooks),
+    serve(), place() (on the free counter nearest the partner's side), take(item), wait().
     Each walks to a cell next to its station, faces it and interacts; an interaction that changes nothing
-    ends the option as a failure."""
+    ends the option as a failure. Three options end at once, where the agent stands, when the state says they
+    cannot act (`refusal`): see there why a walk would be worse."""
 
     kinds = ("fetch_onion", "fetch_dish", "put_onion", "plate_soup", "serve", "place", "take", "wait")
 
@@ -409,11 +423,9 @@ class KitchenOptions(Library):
     def act(self, game, agent, option, memory):
         if option.kind == "wait":
             return self.wait_action(game, agent, lambda c: game.floor[c])
-        if option.kind in ("put_onion", "plate_soup") and \
-                (game.pot_onions[option.args[0]] < 3) == (option.kind == "plate_soup"):
-            # nothing to plate (yet, or any more), or no room for an onion: end now rather than walk to the
-            # pot and stand on the only tile next to it, where the partner must add the onions or plate
-            memory["pot_says_no"] = True
+        refusal = self.refusal(game, agent, option)
+        if refusal:
+            memory["refused"] = refusal
             return 0
         targets = self.stations(game, agent, option)
         if not targets:
@@ -432,6 +444,27 @@ class KitchenOptions(Library):
         memory["stuck"] = action is None
         return action or 0
 
+    @staticmethod
+    def refusal(game, agent: int, option: Option) -> str | None:
+        """Why the option cannot act from this state (it then ends at once as a failure), or None.
+
+        Walking first would be worse in each case. A fetch with full hands would reach the dispenser and
+        report "holding onion" for an onion held all along: a success that changed nothing, which no guard
+        hides and a greedy policy repeats. A plate at an unfilled pot or a put at a full one would stand on the
+        tile next to the pot, often the only one, where the partner must add the onions or plate the soup;
+        and since the partner can change the pot during the walk, burn-in would log some of them succeeding,
+        so no guard could hide them either. Refused at once, they fail exactly when the state says so, and
+        burn-in yields the guards "fetch needs empty hands", "put needs a pot that is not full" and "plate
+        needs a full pot"."""
+        kind = option.kind
+        if kind in ("fetch_onion", "fetch_dish") and game.held[agent] is not None:
+            return "hands are full"
+        if kind == "put_onion" and game.pot_onions[option.args[0]] == 3:
+            return "the pot is full"
+        if kind == "plate_soup" and game.pot_onions[option.args[0]] < 3:
+            return "no soup in the pot"
+        return None
+
     SUCCESS = {"put_onion": "onion_in_pot", "plate_soup": "soup_plated", "serve": "soup_served",
                "place": "counter_place", "take": "counter_take"}
 
@@ -439,8 +472,8 @@ class KitchenOptions(Library):
         kind = option.kind
         if kind == "wait":
             return self.waited(memory)
-        if memory.pop("pot_says_no", False):
-            return False, "no soup in the pot" if kind == "plate_soup" else "the pot is full"
+        if "refused" in memory:
+            return False, memory.pop("refused")
         if kind in ("fetch_onion", "fetch_dish") and memory.get("interacted"):
             want = "onion" if kind == "fetch_onion" else "dish"
             return (True, f"holding {want}") if game.held[agent] == want else (False, "hands are full")

@@ -311,7 +311,7 @@ def test_options_report_failure_with_reasons():
     assert runner.executions[0].duration == load.horizon
 
 
-def test_pot_options_that_cannot_act_end_at_once_without_moving():
+def test_kitchen_options_that_cannot_act_end_at_once_without_moving():
     game = envs.make_game("kitchen", None, seed=0)
     lib = options.make_library(game)
     game.held[0] = "dish"
@@ -331,9 +331,42 @@ def test_pot_options_that_cannot_act_end_at_once_without_moving():
     runner.advance()
     put = runner.executions[-1]
     assert (put.success, put.reason, put.duration) == (False, "the pot is full", 1) and game.pos[1] == start
+    # and a fetch with full hands: it used to walk to the dispenser and report "holding onion", a success
+    runner.assign(0, lib.wait())
+    runner.assign(1, lib.pick(lib.ground(game, 1), "fetch_onion"))
+    runner.advance()
+    fetch = runner.executions[-1]
+    assert (fetch.success, fetch.reason, fetch.duration) == (False, "hands are full", 1) and game.pos[1] == start
     # so burn-in shows these fail whenever they cannot act, and the guards hide them there
     guard = guards.build_guards(game, lib, guards.BurnInSettings())
     assert ("arg0.full", True) in guard.literals["plate_soup"] and ("arg0.full", False) in guard.literals["put_onion"]
+    assert ("self.empty_handed", True) in guard.literals["fetch_onion"] + guard.literals["fetch_dish"]
+
+
+def test_agents_each_standing_where_the_other_must_go_get_past_each_other():
+    # the trained kitchen team's replay (cramped_room): agent 2 holds an onion for the pot and stands on
+    # the only cell next to the counter agent 1 wants; agent 1 stands on the only cell next to the pot.
+    # Both used to push into each other until their options timed out, again and again.
+    game = envs.make_game("kitchen", None, seed=0)
+    lib = options.make_library(game)
+    w = game.width
+    game.pos = [w + 2, w + 1]  # agent 1 at row 1, column 2 (under the pot); agent 2 at column 1
+    game.on_counter[1], game.held = ("onion", 0), [None, "onion"]
+    game.pot_onions[0] = 2
+    runner = options.Runner(game, lib)
+    runner.assign(0, lib.pick(lib.ground(game, 0), "take", "onion"))
+    runner.assign(1, lib.pick(lib.ground(game, 1), "put_onion", 0))
+    done = {}
+    for _ in range(12):
+        runner.advance()
+        for agent in runner.pending():
+            runner.assign(agent, lib.wait())
+        for e in runner.executions[:2]:
+            if e.success is not None:
+                done.setdefault(e.agent, (e.success, e.reason))
+        if len(done) == 2:
+            break
+    assert done == {0: (True, "done"), 1: (True, "done")} and game.pot_onions[0] == 3 and game.held[0] == "onion", done
 
 
 def test_feedback_names_the_last_option_only_after_it_failed():
@@ -452,9 +485,9 @@ def test_guards_halve_random_failures_and_never_hide_the_scripted_team(game_name
 def test_guarded_menu_is_never_empty():
     game, library, guard = guards_for("kitchen", "forced_coordination")
     game.reset(0)
-    game.held[0] = "soup"  # the left agent cannot reach the window: almost everything is filtered
+    game.held[0] = "dish"  # the left agent cannot reach the pots: all but place and wait is filtered
     menu = guard.menu_filter(game, 0, library.ground(game, 0))
-    assert menu and {"serve", "put_onion", "take"}.isdisjoint(o.kind for o in menu)
+    assert [o.kind for o in menu] == ["place", "wait"]
     everything_off = guards.Guards({"options": {k: {"guards": [{"fact": "nope", "value": True}]}
                                                 for k in library.kinds}}, library)
     assert [o.kind for o in everything_off.menu_filter(game, 0, library.ground(game, 0))] == ["wait"]
