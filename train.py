@@ -92,7 +92,8 @@ PRESETS: dict[str, dict] = {
     "forage": {"gamma": 0.95},
     # plain return-to-go credits a decision for how early it came in a 100-step, two-soup episode: rollout
     # scores stayed flat for 10 iterations; with a time-aligned group baseline and the discount they rose
-    # 0.30 -> 0.74 in 20 (~100 s an iteration, so 20 fill the time budget); greedy 0.575 (README, kitchen).
+    # 0.48 -> 0.76 in 20; greedy 1.000 on cramped_room with the current options, but 20 iterations took 59 min
+    # in float32 on a 2-core CPU (~95 s an iteration in bfloat16 on a faster one): over a 30-min budget (README).
     # --feedback failures was tried and is not in the preset: greedy 0.275 after 10 iterations (README)
     "kitchen": {"credit": "to_go_aligned", "gamma": 0.95, "iterations": 20},
 }
