@@ -93,7 +93,7 @@ PRESETS: dict[str, dict] = {
     # plain return-to-go credits a decision for how early it came in a 100-step, two-soup episode: rollout
     # scores stayed flat for 10 iterations; with a time-aligned group baseline and the discount they rose
     # 0.48 -> 0.76 in 20; greedy 1.000 on cramped_room with the current options, but 20 iterations took 59 min
-    # in float32 on a 2-core CPU (~95 s an iteration in bfloat16 on a faster one): over a 30-min budget (README).
+    # in float32 on a 2-core CPU; --iterations 10 fits 30 min there and scores 0.800, no margin (README).
     # --feedback failures was tried and is not in the preset: greedy 0.275 after 10 iterations (README)
     "kitchen": {"credit": "to_go_aligned", "gamma": 0.95, "iterations": 20},
 }
