@@ -36,8 +36,9 @@ Summary (`summarize`), checked in this order; agents are numbered from 1 in text
 Audits are deterministic when the `choose` functions are: each random stand-in agent draws from a
 generator seeded by (rng_seed, agent, episode seed). Run `python audit.py --reference` for the reference
 table of the scripted teams on every built-in layout, `python audit.py RUN_DIR` to audit a run's snapshots
-over training, `python audit.py --final RUN_DIR...` for one row per run from the audit train.py wrote at its
-final evaluation; test: `pytest test_all.py -k audit`.
+over training (greedy; `--temperature 1` audits the sampled teams, whose behaviour can differ: a team may
+score only when sampled), `python audit.py --final RUN_DIR...` for one row per run from the audit train.py
+wrote at its final evaluation; test: `pytest test_all.py -k audit`.
 """
 
 from __future__ import annotations
@@ -230,9 +231,10 @@ def audit_team(game: Game, library: Library, chooses: Sequence[Choose], seeds: S
 
 
 def audit_llm_team(policy, game_factory, library: Library, agents: list, seeds: Sequence[int], menu_filter=None,
-                   rng_seed: int = 0) -> dict:
-    """audit_with for LLM agents (adapter names, or None for the frozen base), played greedily with every
-    episode's decisions batched (pamagrpo.play); stand-ins replace agents as in audit_team."""
+                   rng_seed: int = 0, temperature: float = 0.0) -> dict:
+    """audit_with for LLM agents (adapter names, or None for the frozen base), played greedily (temperature
+    0) or sampled at `temperature` from generators seeded by (rng_seed, episode seed), with every episode's
+    decisions batched (pamagrpo.play); stand-ins replace agents as in audit_team."""
     import pamagrpo
 
     seeds = list(seeds)
@@ -246,7 +248,7 @@ def audit_llm_team(policy, game_factory, library: Library, agents: list, seeds: 
             team.append(a)
         gens = [pamagrpo.sampling_generator(rng_seed, pamagrpo.EVAL_ITERATION, s, 0) for s in seeds]
         games = [game_factory() for _ in seeds]
-        runners, _ = pamagrpo.play(games, seeds, library, menu_filter, policy, team, 0.0, gens)
+        runners, _ = pamagrpo.play(games, seeds, library, menu_filter, policy, team, temperature, gens)
         return pamagrpo.episodes(runners)
 
     return audit_with(play_team, len(agents), library.kinds)
@@ -373,9 +375,10 @@ def load_run(run_dir: str, model: str | None = None):
     return config, game_factory, library, guards, policy
 
 
-def audit_run(run_dir: str, seeds: Sequence[int]) -> list[dict]:
+def audit_run(run_dir: str, seeds: Sequence[int], temperature: float = 0.0) -> list[dict]:
     """Audit the frozen base and every adapter snapshot of a run (reward and cooperation over training);
-    writes audit.jsonl, audit.md (table + one replay) and audit.png into the run folder."""
+    writes audit.jsonl, audit.md (table + one greedy replay) and audit.png into the run folder, or
+    audit_T{temperature}.* when the teams are sampled, so a greedy audit already there is kept."""
     import json
     import os
 
@@ -386,26 +389,30 @@ def audit_run(run_dir: str, seeds: Sequence[int]) -> list[dict]:
     names = [f"agent{i}" for i in range(game_factory().n_agents)]
     snap_dir = os.path.join(run_dir, "snapshots")
     snapshots = sorted(os.listdir(snap_dir)) if os.path.isdir(snap_dir) else []
-    rows = [{"iteration": 0, "team": "frozen base",
-             **audit_llm_team(policy, game_factory, library, [None] * len(names), seeds, menu_filter)}]
+    rows = [{"iteration": 0, "team": "frozen base", "temperature": temperature,
+             **audit_llm_team(policy, game_factory, library, [None] * len(names), seeds, menu_filter,
+                              temperature=temperature)}]
     print(table(rows[-1:]), flush=True)
     for snap in snapshots:
         policy.load_adapters(os.path.join(snap_dir, snap))
-        rows.append({"iteration": int(snap.split("_")[-1]), "team": f"adapters {snap}",
-                     **audit_llm_team(policy, game_factory, library, names, seeds, menu_filter)})
+        rows.append({"iteration": int(snap.split("_")[-1]), "team": f"adapters {snap}", "temperature": temperature,
+                     **audit_llm_team(policy, game_factory, library, names, seeds, menu_filter,
+                                      temperature=temperature)})
         print(table(rows[-1:]), flush=True)
-    with open(os.path.join(run_dir, "audit.jsonl"), "w") as f:
+    stem = os.path.join(run_dir, "audit" if temperature <= 0 else f"audit_T{temperature:g}")
+    with open(stem + ".jsonl", "w") as f:
         f.writelines(json.dumps(r) + "\n" for r in rows)
     columns = ["iteration", "team"] + default_columns(len(names))
-    text = [f"# Audit of {run_dir} ({config['game']}/{config['layout']}, {len(list(seeds))} seeds)", "",
+    played = "greedy" if temperature <= 0 else f"sampled at temperature {temperature:g}"
+    text = [f"# Audit of {run_dir} ({config['game']}/{config['layout']}, {len(list(seeds))} seeds, {played})", "",
             table(rows, columns), ""]
     if snapshots:
         chooses = [pamagrpo.llm_choose(policy, n) for n in names]  # the last snapshot is still loaded
         text += ["## Replay (last snapshot, greedy)", "", "```",
                  replay(game_factory(), library, chooses, list(seeds)[0], menu_filter), "```", ""]
-    with open(os.path.join(run_dir, "audit.md"), "w") as f:
+    with open(stem + ".md", "w") as f:
         f.write("\n".join(text))
-    plot_over_training(rows, os.path.join(run_dir, "audit.png"))
+    plot_over_training(rows, stem + ".png")
     return rows
 
 
@@ -441,16 +448,20 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("run_dir", nargs="?", help="a train.py run folder: audit its snapshots over training")
     parser.add_argument("--seeds", type=int, default=10, help="evaluation seeds (reference: 0..N-1; a run: "
                                                              "its held-out seeds)")
+    parser.add_argument("--temperature", type=float, default=0.0,
+                        help="a run's teams: 0 plays them greedily (audit.*), T > 0 samples at T (audit_T{T}.*)")
     cli = parser.parse_args(argv)
     if cli.seeds < 1:
         parser.exit(2, f"error: --seeds {cli.seeds}: expected an integer >= 1\n")
+    if not 0 <= cli.temperature <= 10:
+        parser.exit(2, f"error: --temperature {cli.temperature:g}: expected a number in [0, 10] (0: greedy)\n")
     if cli.run_dir:
         import guards as guard_lib
         import policy as policy_lib
         from pamagrpo import EVAL_SEED0
 
         try:
-            audit_run(cli.run_dir, range(EVAL_SEED0, EVAL_SEED0 + cli.seeds))
+            audit_run(cli.run_dir, range(EVAL_SEED0, EVAL_SEED0 + cli.seeds), cli.temperature)
         except (ValueError, OSError, guard_lib.GuardError, policy_lib.ModelError) as e:
             parser.exit(1, f"error: {e}\n")
         return

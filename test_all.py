@@ -1019,6 +1019,15 @@ def test_training_raises_reward_on_a_tiny_model(tmp_path, capsys):
     assert f"| coop_push | heavy_only | no | tiny | per_agent | {audit_row['score']:.2f} |" in capsys.readouterr().out
     with pytest.raises(SystemExit):
         audit.main(["--final", str(tmp_path)])  # not a run folder: one clear line, exit 1
+    audit.main([run_dir, "--seeds", "2", "--temperature", "1"])  # sampled teams over training, beside the greedy
+    with open(os.path.join(run_dir, "audit_T1.jsonl")) as f:
+        sampled = [json.loads(line) for line in f]
+    assert [r["iteration"] for r in sampled] == [0, 8] and all(r["temperature"] == 1.0 for r in sampled)
+    assert os.path.exists(os.path.join(run_dir, "audit_T1.png"))
+    assert not os.path.exists(os.path.join(run_dir, "audit.md"))  # no greedy audit was asked for
+    assert "sampled at temperature 1" in open(os.path.join(run_dir, "audit_T1.md")).read()
+    with pytest.raises(SystemExit):
+        audit.main([run_dir, "--temperature", "-1"])  # a bad flag value: one clear line, exit 2
 
 
 def test_two_cpu_ranks_match_one_process(tmp_path):
