@@ -453,8 +453,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     cli = parser.parse_args(argv)
     if cli.seeds < 1:
         parser.exit(2, f"error: --seeds {cli.seeds}: expected an integer >= 1\n")
-    if not 0 <= cli.temperature <= 10:
-        parser.exit(2, f"error: --temperature {cli.temperature:g}: expected a number in [0, 10] (0: greedy)\n")
+    if not 0 <= cli.temperature < float("inf"):  # as train.py's --temperature; NaN fails too
+        parser.exit(2, f"error: --temperature {cli.temperature:g}: expected a finite number >= 0 (0: greedy)\n")
+    if cli.temperature > 0 and not cli.run_dir:
+        parser.exit(2, "error: --temperature applies to a RUN_DIR audit only (--final reads saved greedy audits, "
+                       "--reference plays scripted teams)\n")
     if cli.run_dir:
         import guards as guard_lib
         import policy as policy_lib

@@ -1026,8 +1026,11 @@ def test_training_raises_reward_on_a_tiny_model(tmp_path, capsys):
     assert os.path.exists(os.path.join(run_dir, "audit_T1.png"))
     assert not os.path.exists(os.path.join(run_dir, "audit.md"))  # no greedy audit was asked for
     assert "sampled at temperature 1" in open(os.path.join(run_dir, "audit_T1.md")).read()
-    with pytest.raises(SystemExit):
-        audit.main([run_dir, "--temperature", "-1"])  # a bad flag value: one clear line, exit 2
+    for bad in ([run_dir, "--temperature", "-1"], [run_dir, "--temperature", "nan"],
+                ["--final", run_dir, "--temperature", "1"]):
+        with pytest.raises(SystemExit) as exit_info:
+            audit.main(bad)  # a bad flag value, or one that the mode would ignore: one clear line, exit 2
+        assert exit_info.value.code == 2
 
 
 def test_two_cpu_ranks_match_one_process(tmp_path):
