@@ -5,9 +5,12 @@ This file measures who did the work, from the events each game attributes to the
 (envs.py), over evaluation episodes on fixed seeds, and what each agent is worth counterfactually.
 
 Metrics (`episode_metrics`; pooled over all episodes, so an episode without events never divides by 0):
-- `agentI.progress_share`: agent I's share of task-progress events, PROGRESS_KINDS (a box moved toward
-  the goal or delivered, a food loaded, an onion put in a pot, a soup plated or served, an item put on or
-  taken from a counter). An event caused by two agents counts once for each of them, and shares are
+- `agentI.progress_share`: agent I's share of task-progress events (`progress_events`): PROGRESS_KINDS (a
+  box moved toward the goal or delivered, a food loaded, an onion put in a pot, a soup plated or served),
+  and counter moves only when they pass an item on: a take counts only when it is a hand-off (the taker is
+  not the placer), a place only when the partner is the next to take that item. An agent that puts its own
+  dish down and picks it up again has made no progress. An event caused by two agents counts once for each
+  of them, and shares are
   normalized by the sum of those per-agent counts, so they sum to 1 over the team (a team whose every
   event is joint gets 0.5 / 0.5). The joint markers (JOINT_KINDS) are not counted here: each repeats a
   progress event of the same step. `agentI.reward_share`: the same over REWARD_KINDS only. No events: 0.
@@ -53,7 +56,7 @@ from envs import Game
 from options import Library, Option, make_library, random_choice, run_episode, scripted_choice
 
 PROGRESS_KINDS = ("box_toward_goal", "box_delivered", "food_loaded", "onion_in_pot", "soup_plated",
-                  "soup_served", "counter_place", "counter_take")
+                  "soup_served", "counter_place", "counter_take")  # counter moves: see progress_events
 REWARD_KINDS = ("box_delivered", "food_loaded", "soup_served")
 JOINT_KINDS = ("joint_push", "joint_load", "handoff")
 SOLO_SHARE = 0.9  # one agent doing at least this share of the progress runs the task alone
@@ -69,8 +72,8 @@ def team_choose(chooses: Sequence[Choose]) -> Choose:
 
 
 def idle_choice(runner, agent: int, menu: list[Option]) -> Option:
-    """The idle stand-in of the ablations: always wait."""
-    return Library.wait()
+    """The idle stand-in of the ablations: always the library's idle option (wait; stay over primitives)."""
+    return runner.library.idle()
 
 
 # ----------------------------------------------------------------------------- metrics from episodes
@@ -84,6 +87,26 @@ def credit(events: list, n_agents: int, kinds: Sequence[str]) -> list[int]:
             for i in agents:
                 counts[i] += 1
     return counts
+
+
+def progress_events(events: list) -> list:
+    """One episode's events (t, kind, agents, obj) that moved the task forward: PROGRESS_KINDS, keeping a
+    counter take only when it is a hand-off (a 'handoff' event at that step and cell names the taker) and a
+    counter place only when the next take at that cell is by another agent."""
+    handoffs = {(t, agents[1], cell) for t, kind, agents, cell in events if kind == "handoff"}
+    kept = []
+    for n, (t, kind, agents, obj) in enumerate(events):
+        if kind == "counter_take":
+            if (t, agents[0], obj) not in handoffs:
+                continue
+        elif kind == "counter_place":
+            taker = next((e[2][0] for e in events[n + 1:] if e[1] == "counter_take" and e[3] == obj), None)
+            if taker is None or taker == agents[0]:
+                continue
+        elif kind not in PROGRESS_KINDS:
+            continue
+        kept.append((t, kind, agents, obj))
+    return kept
 
 
 def shares(counts: list[int]) -> list[float]:
@@ -113,6 +136,7 @@ def episode_metrics(episodes: list, n_agents: int, kinds: Sequence[str]) -> dict
     """The flat metrics dict (module docstring) of episodes with .score, .total_reward, .steps,
     .executions and .events, as options.Episode; `kinds` are the option types to report usage for."""
     events = [e for ep in episodes for e in ep.events]
+    progress_list = [e for ep in episodes for e in progress_events(ep.events)]
     runs = [x for ep in episodes for x in ep.executions]
     steps = sum(ep.steps for ep in episodes)
     n = len(episodes)
@@ -120,11 +144,11 @@ def episode_metrics(episodes: list, n_agents: int, kinds: Sequence[str]) -> dict
                "score": float(np.mean([ep.score for ep in episodes])),
                "reward": float(np.mean([ep.total_reward for ep in episodes])),
                "steps": float(np.mean([ep.steps for ep in episodes])),
-               "progress_events_per_episode": sum(e[1] in PROGRESS_KINDS for e in events) / n,
+               "progress_events_per_episode": len(progress_list) / n,
                "joint_events_per_episode": sum(e[1] in JOINT_KINDS for e in events) / n,
                "overlap_fraction": sum(overlap_steps(ep.executions, n_agents, ep.steps) for ep in episodes)
                / max(steps, 1)}
-    progress = shares(credit(events, n_agents, PROGRESS_KINDS))
+    progress = shares(credit(progress_list, n_agents, PROGRESS_KINDS))
     reward = shares(credit(events, n_agents, REWARD_KINDS))
     for i in range(n_agents):
         mine = [x for x in runs if x.agent == i]
@@ -277,12 +301,14 @@ def replay(game: Game, library: Library, chooses: Sequence[Choose], seed: int, m
 # ----------------------------------------------------------------------------- reports
 
 
-def reference_audits(seeds: Sequence[int]) -> list[dict]:
-    """The scripted cooperative and solo teams (options.scripted_choice) on every built-in layout."""
+def reference_audits(episodes: int) -> list[dict]:
+    """The scripted cooperative and solo teams (options.scripted_choice) on every built-in layout, on its first
+    `episodes` distinct test start states."""
     rows = []
     for game_name, cls in envs.GAMES.items():
         for layout in cls.layouts:
             game = envs.make_game(game_name, layout)
+            seeds = envs.split_seeds(game, "test", episodes)
             library = make_library(game)
             for team, solo in (("coop", False), ("solo", True)):
                 result = audit_team(game, library, [scripted_choice(solo)] * game.n_agents, seeds)
@@ -375,16 +401,22 @@ def load_run(run_dir: str, model: str | None = None):
     return config, game_factory, library, guards, policy
 
 
-def audit_run(run_dir: str, seeds: Sequence[int], temperature: float = 0.0) -> list[dict]:
-    """Audit the frozen base and every adapter snapshot of a run (reward and cooperation over training);
-    writes audit.jsonl, audit.md (table + one greedy replay) and audit.png into the run folder, or
-    audit_T{temperature}.* when the teams are sampled, so a greedy audit already there is kept."""
+def audit_run(run_dir: str, episodes: int, temperature: float = 0.0) -> list[dict]:
+    """Audit the frozen base and every adapter snapshot of a run (reward and cooperation over training) on
+    the first `episodes` distinct test start states (envs.split_seeds: never trained on, the same states
+    train.py's final evaluation uses); writes audit.jsonl, audit.md (table + one greedy replay) and audit.png
+    into the run folder, or audit_T{temperature}.* when the teams are sampled, so a greedy audit already there
+    is kept."""
     import json
     import os
 
     import pamagrpo
 
     config, game_factory, library, guards, policy = load_run(run_dir)
+    seeds = envs.split_seeds(game_factory(), "test", episodes)
+    if len(seeds) < episodes:
+        print(f"note: {config['game']}/{config['layout']} has only {len(seeds)} distinct test start states "
+              f"(asked for {episodes}); using all {len(seeds)}")
     menu_filter = guards.menu_filter if guards else None
     names = [f"agent{i}" for i in range(game_factory().n_agents)]
     snap_dir = os.path.join(run_dir, "snapshots")
@@ -404,7 +436,8 @@ def audit_run(run_dir: str, seeds: Sequence[int], temperature: float = 0.0) -> l
         f.writelines(json.dumps(r) + "\n" for r in rows)
     columns = ["iteration", "team"] + default_columns(len(names))
     played = "greedy" if temperature <= 0 else f"sampled at temperature {temperature:g}"
-    text = [f"# Audit of {run_dir} ({config['game']}/{config['layout']}, {len(list(seeds))} seeds, {played})", "",
+    text = [f"# Audit of {run_dir} ({config['game']}/{config['layout']}, {len(seeds)} distinct test start states, "
+            f"{played})", "",
             table(rows, columns), ""]
     if snapshots:
         chooses = [pamagrpo.llm_choose(policy, n) for n in names]  # the last snapshot is still loaded
@@ -446,8 +479,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--final", nargs="+", metavar="RUN_DIR",
                         help="one table row per run folder from the audit train.py wrote at its final evaluation")
     parser.add_argument("run_dir", nargs="?", help="a train.py run folder: audit its snapshots over training")
-    parser.add_argument("--seeds", type=int, default=10, help="evaluation seeds (reference: 0..N-1; a run: "
-                                                             "its held-out seeds)")
+    parser.add_argument("--seeds", type=int, default=10, help="episodes: the first N distinct test start states "
+                                                             "of each layout")
     parser.add_argument("--temperature", type=float, default=0.0,
                         help="a run's teams: 0 plays them greedily (audit.*), T > 0 samples at T (audit_T{T}.*)")
     cli = parser.parse_args(argv)
@@ -461,10 +494,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     if cli.run_dir:
         import guards as guard_lib
         import policy as policy_lib
-        from pamagrpo import EVAL_SEED0
-
         try:
-            audit_run(cli.run_dir, range(EVAL_SEED0, EVAL_SEED0 + cli.seeds), cli.temperature)
+            audit_run(cli.run_dir, cli.seeds, cli.temperature)
         except (ValueError, OSError, guard_lib.GuardError, policy_lib.ModelError) as e:
             parser.exit(1, f"error: {e}\n")
         return
@@ -477,7 +508,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         return
     if cli.reference:
         columns = ["game", "layout", "team", "solo_layout"] + default_columns(2)
-        print(table(reference_audits(range(cli.seeds)), columns))
+        print(table(reference_audits(cli.seeds), columns))
         return
     parser.print_help()
 

@@ -8,9 +8,10 @@ The audits (audit.py) are built on these events. `score` is the normalized retur
 (the fraction of the layout's achievable reward).
 
 Primitive actions (every game): 0 stay, 1 north, 2 south, 3 west, 4 east, 5 interact (`load` in forage;
-a no-op in coop_push). Movement rule shared by all games (as in lb-foraging): a move fails if its target
-is blocked, if the target was occupied by an agent at the start of the step, or if two or more agents
-move into the same cell (all of them stay).
+a no-op in coop_push). One movement helper (`Game.resolve_moves`) with one rule per game: forage follows
+lb-foraging (agents that claim one cell all stay; following and swapping are allowed), kitchen follows
+Overcooked-AI (two agents ending in one cell or swapping cells is a collision and nobody moves; following is
+allowed), coop_push keeps its own rule (a cell occupied at the start of the step cannot be entered).
 
 Layout files: the map (one character a cell) and, after it, optional `key: value` lines, e.g.
 
@@ -28,6 +29,8 @@ Run `python envs.py --game kitchen --show` to watch the scripted team play (see 
 """
 
 from __future__ import annotations
+
+import hashlib
 
 import numpy as np
 
@@ -150,6 +153,7 @@ class Game:
     layouts: dict[str, str] = {}
     default_layout = ""
     solo_layouts: tuple[str, ...] = ()  # built-in layouts where one agent can earn the maximum reward
+    movement = "blocking"  # the movement rule of resolve_moves: "lb-foraging", "overcooked" or "blocking"
 
     def __init__(self, layout: str | None = None, seed: int = 0):
         layout = layout or self.default_layout
@@ -214,6 +218,15 @@ class Game:
                 self.pos[i] = free[int(self.rng.integers(len(free)))]
                 taken.add(self.pos[i])
 
+    def start_key(self) -> tuple:
+        """What the current state is made of (agents' cells and the game's dynamic objects), as plain
+        integers and strings: right after reset, two seeds with equal keys start the same episode."""
+        return (tuple(self.pos), self.objects_key())
+
+    def objects_key(self) -> tuple:
+        """The dynamic objects' part of start_key (per game)."""
+        return ()
+
     def walkable(self, cell: int) -> bool:
         """Static walkability (ignoring agents and movable objects), used for start regions."""
         return self.cells[cell] != "#"
@@ -268,21 +281,33 @@ class Game:
         return "partner" if self.n_agents == 2 else f"agent {other + 1}"
 
     def resolve_moves(self, actions: list[int], free) -> list[int]:
-        """Target cells of each agent after the shared movement rule; `free(cell)` says a cell is walkable now."""
-        pos = self.pos
-        targets = list(pos)
+        """The agents' cells after one joint action, by the game's `movement` rule.
+
+        Every rule starts the same way: each agent claims the cell its move enters if `free(cell)` (walkable
+        now, agents aside), else its own cell (no move, a blocked move, interact). Then, by `movement`:
+        - "lb-foraging" (forage): two or more agents claiming one cell all stay; everyone else moves. So an agent
+          may follow another into the cell it is leaving, and two agents may swap. With 3+ agents lb-foraging
+          can then put two agents on one cell (a mover enters the cell of an agent whose own move failed); here
+          that mover stays too, repeated until no cell holds two agents. With 2 agents this never happens.
+        - "overcooked" (kitchen, Overcooked-AI's `_handle_collisions`): if any two agents would end in one cell
+          or swap cells, nobody moves; otherwise everyone moves (following is allowed).
+        - "blocking" (coop_push, this project's own rule): a cell an agent occupied at the start of the step
+          cannot be entered; two or more agents claiming one cell all stay.
+        """
+        pos, n = self.pos, self.n_agents
+        claims = []
         for i, a in enumerate(actions):
-            if 1 <= a <= 4:
-                cell = pos[i] + self.delta[a]
-                if free(cell) and cell not in pos:
-                    targets[i] = cell
-        if self.n_agents > 1:
-            for i in range(self.n_agents):
+            cell = pos[i] + self.delta[a] if 1 <= a <= 4 else pos[i]
+            ok = cell != pos[i] and free(cell) and not (self.movement == "blocking" and cell in pos)
+            claims.append(cell if ok else pos[i])
+        if self.movement == "overcooked":
+            swap = any(claims[i] == pos[j] and claims[j] == pos[i] for i in range(n) for j in range(i + 1, n))
+            return list(pos) if swap or len(set(claims)) < n else claims
+        targets = [pos[i] if claims.count(claims[i]) > 1 else claims[i] for i in range(n)]
+        while len(set(targets)) < n:  # only with 3+ agents: a mover into the cell of an agent that stayed
+            for i in range(n):
                 if targets[i] != pos[i] and targets.count(targets[i]) > 1:
-                    clash = targets[i]
-                    for j in range(self.n_agents):
-                        if targets[j] == clash:
-                            targets[j] = pos[j]
+                    targets[i] = pos[i]
         return targets
 
     def grid_chars(self) -> list[str]:
@@ -307,6 +332,44 @@ def in_words(n: int, word: str) -> str:
     return f"{n} {word}" + ("" if n == 1 else "s")
 
 
+# ----------------------------------------------------------------------------- start states: train / validation / test
+
+# Every start state belongs to one split, by a hash of its key (Game.start_key), not by its seed integer: two
+# seeds that start the same episode always land in the same split, so training, validation (checkpoint
+# selection) and test (every reported score) never share a start state, whatever the seeds.
+SPLITS = {"test": 0.2, "validation": 0.1, "train": 0.7}  # shares of the start-state space
+SPLIT_FIRST_SEED = {"test": 1_000_000, "validation": 2_000_000}  # where the fixed test/validation scans start
+SCAN_LIMIT = 200  # a scan for N start states tries at most 200 * N + 2000 seeds
+
+
+def split_of(key: tuple) -> str:
+    """The split of a start state: a stable hash of its key mapped onto the SPLITS shares."""
+    u = int.from_bytes(hashlib.blake2b(repr(key).encode(), digest_size=8).digest(), "big") / 2.0 ** 64
+    for split, share in SPLITS.items():
+        if u < share:
+            return split
+        u -= share
+    return "train"
+
+
+def split_seeds(game: Game, split: str, count: int, first: int | None = None, distinct: bool = True) -> list[int]:
+    """`count` seeds whose start states lie in `split`, scanning first, first + 1, ... (default: the split's
+    fixed scan start, so every run and audit sees the same test states). distinct: no two seeds start the
+    same episode. A layout with fewer such start states returns all it has (fewer than `count`; callers say
+    so). Resets `game`."""
+    first = SPLIT_FIRST_SEED[split] if first is None else first
+    seeds, seen = [], set()
+    for seed in range(first, first + SCAN_LIMIT * count + 2000):
+        game.reset(seed)
+        key = game.start_key()
+        if split_of(key) == split and not (distinct and key in seen):
+            seeds.append(seed)
+            seen.add(key)
+            if len(seeds) == count:
+                break
+    return seeds
+
+
 # ----------------------------------------------------------------------------- coop_push
 
 
@@ -318,7 +381,9 @@ class CoopPush(Game):
     Rules: an agent that moves into a box pushes it one cell if the cells beyond are free (floor or goal,
     no box, no agent). A small box moves when its pushers agree on one direction; the heavy box moves only
     when at least two agents push it in the same direction in the same step (and nobody pushes it another
-    way). Pushers of a moved box step into the cell it left; otherwise they stay.
+    way). Pushers of a moved box step into the cell it left; otherwise they stay. Movement (this game's own
+    rule, "blocking" in Game.resolve_moves): an agent cannot enter a cell another agent stood on at the start
+    of the step, and two agents moving into one cell both stay.
     Reward: a box whose cells all lie on goal cells is delivered and removed: small 10, heavy 100
     (the classic benchmark's values). Terminated when every box is delivered; truncated at max_steps.
     Events: ('box_toward_goal', pushers, box) when a push brings the box closer to the goal,
@@ -326,6 +391,7 @@ class CoopPush(Game):
     """
 
     name = "coop_push"
+    movement = "blocking"
     rules = "Push boxes north onto the goal row. A heavy box moves only if both agents push it together."
     legend = {"#": "wall", ".": "floor", "g": "goal", "b": "small box", "H": "heavy box half",
               **{str(k): f"agent {k}" for k in range(1, 10)}}
@@ -392,6 +458,9 @@ class CoopPush(Game):
 
     def occupied_cells(self) -> set[int]:
         return set(self.box_at) | {c for c in range(len(self.cells)) if self.goal[c]}
+
+    def objects_key(self) -> tuple:
+        return tuple(self.boxes)
 
     @property
     def max_reward(self) -> float:
@@ -484,22 +553,30 @@ class CoopPush(Game):
 
 
 class Forage(Game):
-    """Level-based foraging (Albrecht & Ramamoorthy 2013), following the lb-foraging v2 rules.
+    """Level-based foraging (Albrecht & Ramamoorthy 2013), following lb-foraging 2.0.0's `step` and `spawn_food`.
 
     Map: '.' floor, '#' wall, 'f' food, digits agents. Options: `agent_levels`, `food_levels` (one per 'f',
-    in reading order), `random_food` (spawn the food at random cells, lb-foraging style: off the border,
-    not next to other food), `random_starts`, `max_steps`.
+    in reading order), `random_food` (spawn the food as lb-foraging does: off the border, at Manhattan
+    distance > 2 from every other food), `random_starts`, `max_steps`.
     Actions: none, north, south, west, east, load.
-    Rules (in phases, like lb-foraging's step): a move is valid if its target is inside the grid, not a wall,
-    holds no food and no agent; two or more agents moving into one cell all stay; then every food item
-    adjacent (4-neighbourhood) to agents choosing `load` is collected if those agents' levels sum to at
-    least its level.
+    Rules, in lb-foraging's phases: (1) validate: a move is valid if its target is inside the grid, not a wall
+    and holds no food (agents do not make a move invalid); an invalid move stays. (2) collisions: every agent
+    claims the cell it moves into (or its own cell); two or more agents claiming one cell all stay, so an
+    agent may follow another into the cell it leaves, and two agents may swap. (3) loads, in agent order:
+    a loader takes the first food adjacent to it, looking north, south, west, east (one food, as lb-foraging's
+    `adjacent_food_location`); every loader adjacent to that food joins the attempt and is done for this step;
+    the food is collected if their levels sum to at least its level.
     Reward (team): a collected food is worth its level / the sum of all food levels, so collecting all food
     is worth 1.0. Terminated when all food is collected; truncated at max_steps (lb-foraging's 50).
     Events: ('food_loaded', loaders, food), plus ('joint_load', loaders, food) when two or more loaded it.
+    Deliberate departures from lb-foraging: one team reward instead of per-agent rewards; terminated vs
+    truncated told apart; fixed levels per layout (lb-foraging draws them); walls ('#') for custom maps;
+    loads resolve in agent order (lb-foraging pops a set, whose order only matters for food closer than
+    its spawn spacing allows); with 3+ agents no two agents ever share a cell (see Game.resolve_moves).
     """
 
     name = "forage"
+    movement = "lb-foraging"
     rules = "Collect all food. Agents next to a food that load together collect it if their levels sum to its level."
     legend = {".": "floor", "#": "wall", "f": "food", **{str(k): f"agent {k}" for k in range(1, 10)}}
     keys = {"max_steps": "an integer >= 1", "random_starts": "yes or no", "random_food": "yes or no",
@@ -540,11 +617,17 @@ class Forage(Game):
 
     def reset_objects(self, rng: np.random.Generator) -> None:
         if self.random_food:
+            # lb-foraging's spawn_food: off the border, and neither in the 3x3 square around another food nor
+            # two cells from it along a row or column, i.e. at Manhattan distance > 2 from every other food
             w, h = self.width, self.height
             food: list[int] = []
             candidates = [c for c in range(w * h) if not self.wall[c] and 0 < c // w < h - 1 and 0 < c % w < w - 1]
             for _ in self.food_starts:
-                ok = [c for c in candidates if c not in food and not any(n in food for n in self.neighbours[c])]
+                ok = [c for c in candidates if all(self.manhattan(c, f) > 2 for f in food)]
+                if not ok:
+                    raise LayoutError(f"layout '{self.layout_name}': random_food: no room for {len(self.food_starts)} "
+                                      "food at Manhattan distance > 2 from each other off the border; "
+                                      "expected fewer 'f' or a larger map")
                 food.append(ok[int(rng.integers(len(ok)))])
             self.food = food
         else:
@@ -554,6 +637,9 @@ class Forage(Game):
 
     def occupied_cells(self) -> set[int]:
         return set(self.food_at)
+
+    def objects_key(self) -> tuple:
+        return tuple(self.food)
 
     @property
     def max_reward(self) -> float:
@@ -576,29 +662,34 @@ class Forage(Game):
         targets = self.resolve_moves(moves, lambda c: not self.wall[c] and c not in self.food_at)
         loaders = [i for i, a in enumerate(actions) if a == 5]
         self.pos = targets
-        # phase 3: loads (positions after movement, as in lb-foraging where load and move resolve together)
+        # phase 3: loads (loaders did not move). Each attempt is on the first food next to a loader (north,
+        # south, west, east) and takes in every loader next to that food
         reward = 0.0
-        if loaders:
-            by_food: dict[int, list[int]] = {}
-            for i in loaders:
-                for n in self.neighbours[self.pos[i]]:
-                    k = self.food_at.get(n)
-                    if k is not None:
-                        by_food.setdefault(k, []).append(i)
-            for k in sorted(by_food):
-                team = tuple(sorted(set(by_food[k])))
-                if sum(self.agent_levels[i] for i in team) >= self.food_levels[k]:
-                    self.collected[k] = True
-                    del self.food_at[self.food[k]]
-                    reward += self.food_levels[k] / self.total_food_level
-                    events.append(("food_loaded", team, k))
-                    if len(team) > 1:
-                        events.append(("joint_load", team, k))
+        waiting = list(loaders)
+        while waiting:
+            first = waiting[0]
+            k = next((self.food_at[n] for n in self.food_side_cells(self.pos[first]) if n in self.food_at), None)
+            if k is None:  # no food next to it: lb-foraging turns the load into a no-op
+                waiting.pop(0)
+                continue
+            team = tuple(i for i in waiting if self.adjacent(self.pos[i], self.food[k]))
+            waiting = [i for i in waiting if i not in team]
+            if sum(self.agent_levels[i] for i in team) >= self.food_levels[k]:
+                self.collected[k] = True
+                del self.food_at[self.food[k]]
+                reward += self.food_levels[k] / self.total_food_level
+                events.append(("food_loaded", team, k))
+                if len(team) > 1:
+                    events.append(("joint_load", team, k))
         r, term, trunc = self.finish_step(reward, all(self.collected))
         return r, term, trunc, events
 
     def adjacent(self, cell: int, other: int) -> bool:
         return other in self.neighbours[cell]
+
+    def food_side_cells(self, cell: int) -> list[int]:
+        """The cells next to `cell` in lb-foraging's load order: north, south, west, east (inside the grid)."""
+        return [t for t in (self.in_grid_move(cell, a) for a in (1, 2, 3, 4)) if t >= 0]
 
     def view(self, agent: int) -> str:
         lines = [f"You: level {self.agent_levels[agent]}."]
@@ -640,7 +731,9 @@ class Kitchen(Game):
     """Overcooked-style onion soup (Carroll et al. 2019).
 
     Map: ' ' floor, 'X' counter, 'O' onion dispenser, 'D' dish dispenser, 'P' pot, 'S' serving window,
-    digits agents. Options: `orders` (soups to serve), `cook_time`, `max_steps`, `random_starts`.
+    digits agents. Options: `orders` (soups to serve), `cook_time`, `max_steps`, `random_starts`, and
+    `random_contents` (each pot starts with 0-2 onions, and an onion or a dish may lie on a counter that every
+    agent can reach: more distinct start states, the same maximum reward).
     Actions: stay, north, south, west, east, interact. A move turns the agent to face that way and steps
     if the target is free floor (otherwise it only turns); interact acts on the faced cell.
     Rules: agents carry one item. Interact: at a dispenser with empty hands, take an onion or a dish; at a
@@ -654,22 +747,24 @@ class Kitchen(Game):
     """
 
     name = "kitchen"
+    movement = "overcooked"
     rules = "Put 3 onions in a pot, let it cook, plate the soup with a dish, serve it. Counters pass items."
     legend = {" ": "floor", ".": "floor", "X": "counter", "O": "onion dispenser", "D": "dish dispenser",
               "P": "pot", "S": "serving window", **{str(k): f"agent {k}" for k in range(1, 10)}}
     keys = {"max_steps": "an integer >= 1", "random_starts": "yes or no", "orders": "an integer >= 1",
-            "cook_time": "an integer >= 1"}
+            "cook_time": "an integer >= 1", "random_contents": "yes or no"}
     SOUP = 20.0
     layouts = {
         # after Overcooked-AI's cramped_room: one agent can do everything alone
-        "cramped_room": "XXPXX\nO  2O\nX1  X\nXDXSX\norders: 2\ncook_time: 5\nmax_steps: 100\nrandom_starts: yes\n",
+        "cramped_room": "XXPXX\nO  2O\nX1  X\nXDXSX\norders: 2\ncook_time: 5\nmax_steps: 100\nrandom_starts: yes\n"
+                        "random_contents: yes\n",
         # after asymmetric_advantages: each side has its own dispensers and window, the pots are shared
         "asymmetric_advantages": "XXXXXXXXX\nO XSXOX S\nX   P 2 X\nX1  P   X\nXXXDXDXXX\n"
-                                 "orders: 2\ncook_time: 5\nmax_steps: 100\nrandom_starts: yes\n",
+                                 "orders: 2\ncook_time: 5\nmax_steps: 100\nrandom_starts: yes\nrandom_contents: yes\n",
         # after forced_coordination: onions and dishes on the left, pots and window on the right;
         # everything must be handed over the middle counters, so no single agent can serve a soup
         "forced_coordination": "XXXPX\nO X2P\nO1X X\nD X X\nXXXSX\norders: 2\ncook_time: 5\nmax_steps: 150\n"
-                               "random_starts: yes\n",
+                               "random_starts: yes\nrandom_contents: yes\n",
     }
     default_layout = "cramped_room"
     solo_layouts = ("cramped_room", "asymmetric_advantages")
@@ -698,14 +793,32 @@ class Kitchen(Game):
         self.orders = option_int(self.options, "orders", 1, self.layout_name)
         self.cook_time = option_int(self.options, "cook_time", 5, self.layout_name)
         self.pot_index = {c: k for k, c in enumerate(self.pots)}
+        self.random_contents = option_bool(self.options, "random_contents", False, self.layout_name)
+
+    def shared_counters(self) -> list[int]:
+        """Counters next to a floor cell of every agent's start region (where random contents may lie)."""
+        w, h = self.width, self.height
+        regions = [set(self.regions[s]) for s in self.agent_starts]
+        return [c for c in self.counters
+                if all(any(n in region for n in (c - w, c + w, c - 1, c + 1) if 0 <= n < w * h) for region in regions)]
 
     def reset_objects(self, rng: np.random.Generator) -> None:
         self.held: list[str | None] = [None] * self.n_agents
         self.facing = [1] * self.n_agents  # action index of the faced direction
-        self.on_counter: dict[int, tuple[str, int]] = {}  # counter cell -> (item, who put it there)
+        self.on_counter: dict[int, tuple[str, int]] = {}  # counter cell -> (item, who put it there; -1: nobody)
         self.pot_onions = [0] * len(self.pots)
         self.pot_timer = [0] * len(self.pots)  # steps left while cooking
         self.served = 0
+        if self.random_contents:
+            self.pot_onions = [int(rng.integers(3)) for _ in self.pots]
+            counters = self.shared_counters()
+            for _ in range(min(int(rng.integers(2)), len(counters))):
+                free = [c for c in counters if c not in self.on_counter]
+                self.on_counter[free[int(rng.integers(len(free)))]] = (("onion", "dish")[int(rng.integers(2))], -1)
+
+    def objects_key(self) -> tuple:
+        return (tuple(self.held), tuple(self.facing), tuple(sorted(self.on_counter.items())),
+                tuple(self.pot_onions), tuple(self.pot_timer), self.served)
 
     def walkable(self, cell: int) -> bool:
         return self.cells[cell] in " .123456789"
@@ -769,7 +882,7 @@ class Kitchen(Game):
                     item, placer = self.on_counter.pop(cell)
                     self.held[i] = item
                     events.append(("counter_take", (i,), cell))
-                    if placer != i:
+                    if placer not in (i, -1):
                         events.append(("handoff", (placer, i), cell))
         r, term, trunc = self.finish_step(reward, self.served >= self.orders)
         return r, term, trunc, events

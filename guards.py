@@ -38,6 +38,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
+import envs
 from envs import Game
 from options import Library, Option, random_choice, run_episode
 
@@ -51,7 +52,7 @@ class GuardError(ValueError):
 @dataclass(frozen=True)
 class BurnInSettings:
     episodes: int = 150  # random-policy episodes per round (a few seconds on one core)
-    seed: int = 0  # burn-in seeds are seed, seed + 1, ...
+    seed: int = 0  # burn-in plays training start states found from seed, seed + 1, ... (envs.split_seeds)
     k: int = 3  # a guard must explain at least k failures not already explained
     min_successes: int = 5  # option types with fewer logged successes adopt no guard
     rounds: int = 4  # burn-in rounds; round 1 is uniform over the unfiltered menu (the paper's burn-in)
@@ -90,8 +91,9 @@ def burn_in(game: Game, library: Library, episodes: int, seed: int, guards: Guar
         return menu[int(rng.integers(len(menu)))]
 
     records = []
-    for e in range(episodes):
-        episode = run_episode(game, library, random_choice(rng) if guards is None else choose, seed + e,
+    # training start states only: validation and test states stay unseen by everything a run learns from
+    for start in envs.split_seeds(game, "train", episodes, seed, distinct=False):
+        episode = run_episode(game, library, random_choice(rng) if guards is None else choose, start,
                               record_facts=True)
         records += [Record(x.option.kind, x.option.args, x.facts, x.success)
                     for x in episode.executions if x.success is not None]
@@ -155,8 +157,9 @@ class Guards:
         return kept or [o for o in menu if o.kind == "wait"] or [self.library.wait()]
 
     def save(self, path: str) -> None:
-        """Write atomically (a temporary file renamed into place), so a crash never leaves half a file."""
-        tmp = f"{path}.tmp"
+        """Write atomically (a temporary file renamed into place), so a crash never leaves half a file; the
+        temporary name is per process, so runs of a sweep that write the same cache entry never mix bytes."""
+        tmp = f"{path}.{os.getpid()}.tmp"
         with open(tmp, "w") as f:
             json.dump(self.data, f, indent=1, sort_keys=True)
         os.replace(tmp, path)

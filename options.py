@@ -80,6 +80,10 @@ class Library:
     def wait() -> Option:
         return Option("wait", (), "wait", WAIT_STEPS)
 
+    def idle(self) -> Option:
+        """The option of an agent that does nothing (the audits' idle stand-in)."""
+        return self.wait()
+
     @staticmethod
     def wait_action(game: Game, agent: int, passable) -> int:
         """Idle, but step aside when standing next to the partner, so a waiting agent never blocks
@@ -431,6 +435,10 @@ class KitchenOptions(Library):
         if not targets:
             memory["stuck"] = True
             return 0
+        if memory.get("station") in targets:  # keep heading for the station chosen first: re-choosing the
+            targets.remove(memory["station"])  # nearest each step can turn back and forth forever when a
+            targets.insert(0, memory["station"])  # partner steps aside in the same direction (a mirrored dance)
+        memory["station"] = targets[0]
         pos = game.pos[agent]
         for station in targets:
             if game.manhattan(pos, station) == 1:
@@ -595,6 +603,9 @@ class PrimitiveLibrary(Library):
 
     def ground(self, game, agent):
         return list(self.options)
+
+    def idle(self) -> Option:
+        return self.options[0]  # stay
 
     def act(self, game, agent, option, memory):
         memory["from"] = game.pos[agent]

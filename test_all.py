@@ -67,14 +67,133 @@ def test_terminated_and_truncated_are_separate():
     assert game.step([N])[1:3] == (True, False)
 
 
-def test_forage_collisions_all_fail():
-    game = envs.make_game("forage", "f....\n.1.2.\n.....\nagent_levels: 1 1\n")
-    game.step([E, W])  # both into the middle cell: both stay
-    assert game.pos == [6, 8]
-    game.step([N, S])  # moving into a cell occupied at the start of the step fails too
+FORAGE_ROW = "f....\n.1.2.\n.....\nagent_levels: 1 1\n"  # agents at cells 6 and 8 of a 5-wide grid
+KITCHEN_ROW = "XXPXX\nO1 2S\nX   X\nXXDXX\n"  # the same cells, on kitchen floor
+
+
+@pytest.mark.parametrize("game_name,layout", [("forage", FORAGE_ROW), ("kitchen", KITCHEN_ROW),
+                                              ("coop_push", "#######\n#ggggg#\n#....b#\n#1.2..#\n#######\n")])
+def test_movement_two_agents_claiming_one_cell_both_stay(game_name, layout):
+    game = envs.make_game(game_name, layout)
+    start = list(game.pos)
+    game.step([E, W])  # both into the middle cell
+    assert game.pos == start
+    game.pos = [start[0], start[0] + 1]
+    game.step([E, STAY])  # into the cell of an agent that stays: blocked in every game
+    assert game.pos == [start[0], start[0] + 1]
+
+
+def test_movement_follow_and_swap_per_game():
+    # lb-foraging: only agents claiming one cell block each other, so following and swapping both work
+    game = envs.make_game("forage", FORAGE_ROW)
     game.pos = [6, 7]
-    game.step([E, STAY])
-    assert game.pos == [6, 7]
+    game.step([E, E])
+    assert game.pos == [7, 8]
+    game.step([E, W])
+    assert game.pos == [8, 7]
+    # Overcooked-AI: following works; a swap is a collision and nobody moves
+    game = envs.make_game("kitchen", KITCHEN_ROW)
+    game.pos = [6, 7]
+    game.step([E, E])
+    assert game.pos == [7, 8] and game.facing == [E, E]
+    game.step([E, W])
+    assert game.pos == [7, 8] and game.facing == [E, W]  # the moves still turn the agents
+    # coop_push (its own rule): a cell occupied at the start of the step cannot be entered, so no following
+    game = envs.make_game("coop_push", "#######\n#ggggg#\n#....b#\n#12...#\n#######\n")
+    game.step([E, E])
+    assert game.pos == [22, 24]
+    game.step([E, W])  # 22 -> 23 and 24 -> 23: same target, both stay
+    assert game.pos == [22, 24]
+
+
+def test_movement_rules_with_three_agents():
+    # lb-foraging would put agents 1 and 2 on one cell: 2 and 3 collide on cell 8 and stay, while 1 enters
+    # cell 7, which 2 never left. Here 1 stays too (Game.resolve_moves)
+    game = envs.make_game("forage", "f....\n.12.3\n.....\n")
+    game.step([E, E, W])
+    assert game.pos == [6, 7, 9]
+    # Overcooked-AI: one collision anywhere stops every agent, even one moving into free floor
+    game = envs.make_game("kitchen", "XXXPXX\nO123 S\nX    X\nXXXDXX\n")
+    game.step([E, STAY, S])
+    assert game.pos == [7, 8, 9]
+    game.step([STAY, STAY, S])
+    assert game.pos == [7, 8, 15]
+
+
+def lbf_reference_step(rows: int, cols: int, field: dict, players: list, levels: list, actions: list):
+    """A plain reading of lb-foraging 2.0.0's `step` (validate, collisions, loads) on (row, col) tuples:
+    the differential reference for envs.Forage. Returns the new positions and the collected food cells."""
+    def valid(p, a):
+        r, c = p
+        if a == 5:
+            return any(q in field for q in ((r - 1, c), (r + 1, c), (r, c - 1), (r, c + 1)))
+        target = {1: (r - 1, c), 2: (r + 1, c), 3: (r, c - 1), 4: (r, c + 1)}.get(a)
+        return a == 0 or (0 <= target[0] < rows and 0 <= target[1] < cols and target not in field)
+
+    actions = [a if valid(p, a) else 0 for p, a in zip(players, actions)]
+    claims: dict = {}
+    for i, (p, a) in enumerate(zip(players, actions)):
+        target = {1: (p[0] - 1, p[1]), 2: (p[0] + 1, p[1]), 3: (p[0], p[1] - 1), 4: (p[0], p[1] + 1)}.get(a, p)
+        claims.setdefault(target, []).append(i)
+    new = list(players)
+    for cell, who in claims.items():
+        if len(who) == 1:
+            new[who[0]] = cell
+    loading = [i for i, a in enumerate(actions) if a == 5]
+    collected = []
+    while loading:
+        r, c = new[loading[0]]
+        food = next(q for q in ((r - 1, c), (r + 1, c), (r, c - 1), (r, c + 1)) if q in field)
+        team = [i for i in loading if abs(new[i][0] - food[0]) + abs(new[i][1] - food[1]) == 1]
+        loading = [i for i in loading if i not in team]
+        if sum(levels[i] for i in team) >= field[food]:
+            collected.append(food)
+            del field[food]
+    return new, collected
+
+
+@pytest.mark.parametrize("layout", ["8x8_2p_2f", "8x8_solo", "8x8_coop"])
+def test_forage_agrees_with_a_reading_of_lb_foraging_on_random_play(layout):
+    game = envs.make_game("forage", layout)
+    rng = np.random.default_rng(0)
+    moved_into_leaving_cell = swapped = 0
+    for seed in range(60):
+        game.reset(seed)
+        field = {game.rc(c): game.food_levels[k] for k, c in enumerate(game.food)}
+        while not game.done:
+            actions = [int(a) for a in rng.integers(6, size=game.n_agents)]
+            players = [game.rc(p) for p in game.pos]
+            expected, collected = lbf_reference_step(game.height, game.width, field, players, game.agent_levels,
+                                                     actions)
+            moved_into_leaving_cell += any(expected[i] == players[j] for i in range(2) for j in range(2) if i != j)
+            swapped += expected == players[::-1]
+            _, _, _, events = game.step(actions)
+            assert [game.rc(p) for p in game.pos] == expected
+            assert sorted(game.rc(game.food[e[2]]) for e in events if e[0] == "food_loaded") == sorted(collected)
+    assert moved_into_leaving_cell > 0 and swapped > 0  # the cases where the old rule differed did occur
+
+
+def test_forage_spawn_spacing_follows_lb_foraging():
+    for layout in ("8x8_2p_2f", "8x8_solo"):
+        game = envs.make_game("forage", layout)
+        gaps = set()
+        for seed in range(400):
+            game.reset(seed)
+            for k, c in enumerate(game.food):
+                r, col = game.rc(c)
+                assert 0 < r < game.height - 1 and 0 < col < game.width - 1  # never on the border
+                assert c not in game.pos
+                gaps |= {game.manhattan(c, d) for d in game.food[k + 1:]}
+        assert min(gaps) == 3  # Manhattan > 2 between every two food, and 3 does occur
+
+
+def test_forage_loader_next_to_two_foods_loads_one():
+    # lb-foraging's adjacent_food_location: a loader takes the first adjacent food north, south, west, east
+    game = envs.make_game("forage", "f1f\n...\nagent_levels: 2\nfood_levels: 1 1\n")
+    reward, term, _, events = game.step([INTERACT])
+    assert reward == 0.5 and not term and events == [("food_loaded", (0,), 0)] and game.collected == [True, False]
+    reward, term, _, events = game.step([INTERACT])
+    assert reward == 0.5 and term and events == [("food_loaded", (0,), 1)]
 
 
 def test_forage_level_sums_and_joint_load():
@@ -174,7 +293,8 @@ def test_every_builtin_layout_has_consistent_scores():
     for game_name, layout in all_layouts():
         game = envs.make_game(game_name, layout, seed=1)
         assert game.n_agents == 2 and game.max_reward > 0 and game.score == 0.0
-        assert layout in envs.GAMES[game_name].layouts
+        episode = options.play_scripted(game, "coop", 1)  # the maximum is exactly what a full solve earns
+        assert episode.total_reward == pytest.approx(game.max_reward) and episode.score == pytest.approx(1.0)
     for cls in envs.GAMES.values():
         assert cls.default_layout in cls.layouts and cls.solo_layouts
 
@@ -187,6 +307,71 @@ def test_random_starts_respect_rooms_and_are_seeded():
     for seed in range(10):
         a.reset(seed)
         assert (a.pos[0] in left) and (a.pos[1] not in left)
+
+
+def test_start_state_splits_are_disjoint_by_key_and_distinct():
+    import train
+
+    for game_name, layout in all_layouts():
+        game = envs.make_game(game_name, layout)
+        keys = {}
+        for split in ("test", "validation"):
+            seeds = envs.split_seeds(game, split, 12)
+            assert len(seeds) == 12
+            keys[split] = []
+            for seed in seeds:
+                game.reset(seed)
+                keys[split].append(game.start_key())
+            assert len(set(keys[split])) == 12  # distinct start states, not just distinct seeds
+        keys["train"] = set()
+        for it in range(15):
+            for seed in train.training_seeds(game, 0, it, 2):
+                game.reset(seed)
+                keys["train"].add(game.start_key())
+        assert not set(keys["test"]) & set(keys["validation"]) and not set(keys["test"]) & keys["train"]
+        assert not set(keys["validation"]) & keys["train"] and len(keys["train"]) > 2
+        assert all(envs.split_of(k) == "test" for k in keys["test"])
+
+
+def test_a_layout_short_of_start_states_says_so_and_uses_all_it_has(capsys):
+    import train
+
+    game = envs.make_game("coop_push", "#####\n#ggg#\n#.b.#\n#...#\n#1.2#\n#####\nrandom_starts: yes\n")
+    keys = set()
+    for seed in range(3000):
+        game.reset(seed)
+        keys.add(game.start_key())
+    n_test = sum(envs.split_of(k) == "test" for k in keys)  # 8 free cells: 8 * 7 start states in all
+    assert len(keys) == 56 and 0 < n_test < 20
+    seeds = train.held_out_seeds(game, "test", 20)
+    assert len(seeds) == n_test and f"only {n_test} distinct test start states" in capsys.readouterr().out
+    fixed = envs.make_game("coop_push", "#####\n#ggg#\n#.b.#\n#1.2#\n#####\n")  # one start state in all
+    split = envs.split_of(fixed.start_key())
+    with pytest.raises(train.ArgError, match="start state"):
+        train.held_out_seeds(fixed, "test" if split != "test" else "validation", 5)
+
+
+def test_kitchen_random_contents_vary_the_start_and_keep_the_scripted_team_at_the_maximum():
+    game = envs.make_game("kitchen", "cramped_room")
+    pots, counters = set(), 0
+    for seed in range(200):
+        game.reset(seed)
+        pots.add(game.pot_onions[0])
+        counters += bool(game.on_counter)
+        assert all(placer == -1 and item in ("onion", "dish") for item, placer in game.on_counter.values())
+        assert set(game.on_counter) <= set(game.shared_counters())
+    assert pots == {0, 1, 2} and 50 < counters < 150
+    for layout in envs.Kitchen.layouts:
+        for seed in envs.split_seeds(envs.make_game("kitchen", layout), "test", 25):
+            assert options.play_scripted(envs.make_game("kitchen", layout), "coop", seed).score == 1.0
+
+
+def test_taking_an_item_that_lay_on_the_counter_from_the_start_is_no_handoff():
+    game = envs.make_game("kitchen", "XXPXX\nO1X2S\nXXDXX\n")
+    game.on_counter[7] = ("onion", -1)
+    game.step([E, STAY])  # agent 1 faces the middle counter
+    _, _, _, ev = game.step([INTERACT, STAY])
+    assert ev == [("counter_take", (0,), 7)] and game.held[0] == "onion"
 
 
 # ----------------------------------------------------------------------------- planner
@@ -570,6 +755,21 @@ def test_audit_metrics_of_hand_made_episodes():
     # same object at once: box 0 at steps 0-1 (push / goto), box 1 at step 9; 3 of 15 steps
     assert m["overlap_fraction"] == pytest.approx(3 / 15)
     assert (m["score"], m["reward"], m["steps"], m["episodes"]) == (0.25, 5.0, 7.5, 2)
+
+
+def test_audit_counts_counter_moves_as_progress_only_when_they_pass_an_item_on():
+    events = [  # kitchen events (t, kind, agents, counter cell)
+        (1, "counter_place", (0,), 7), (3, "counter_take", (0,), 7),  # agent 1 puts its dish down, takes it back
+        (5, "counter_place", (0,), 7), (8, "counter_take", (1,), 7), (8, "handoff", (0, 1), 7),  # a hand-off
+        (9, "onion_in_pot", (1,), 0),
+        (10, "counter_place", (1,), 11),  # nobody takes it before the episode ends
+        (12, "counter_take", (0,), 12),  # an item that lay there from the start: not handed over by anyone
+    ]
+    kept = audit.progress_events(events)
+    assert kept == [(5, "counter_place", (0,), 7), (8, "counter_take", (1,), 7), (9, "onion_in_pot", (1,), 0)]
+    m = audit.episode_metrics([Episode(0.0, 0.0, 12, [], events, [])], 2, ("place", "take"))
+    assert m["agent0.progress_share"] == pytest.approx(1 / 3) and m["agent1.progress_share"] == pytest.approx(2 / 3)
+    assert m["progress_events_per_episode"] == 3 and m["joint_events_per_episode"] == 1
 
 
 def test_audit_shares_without_events_are_zero():
@@ -1031,6 +1231,80 @@ def test_training_raises_reward_on_a_tiny_model(tmp_path, capsys):
         with pytest.raises(SystemExit) as exit_info:
             audit.main(bad)  # a bad flag value, or one that the mode would ignore: one clear line, exit 2
         assert exit_info.value.code == 2
+
+
+def test_primitive_action_mode_trains_audits_and_reports(tmp_path, capsys):
+    # the paper's low-level baseline: one-step options, no guards; the audit's idle stand-in is `stay`.
+    # Short episodes: every primitive step is a decision
+    layout = tmp_path / "short.txt"
+    layout.write_text("#######\n#ggggg#\n#.....#\n#..HH.#\n#1...2#\n#######\nmax_steps: 6\nrandom_starts: yes\n")
+    run_dir = train.main(tiny_args(tmp_path, "primitive", "--layout", str(layout), "--action-mode", "primitive",
+                                   "--iterations", "1",
+                                   "--group-size", "2", "--start-states", "1", "--eval-episodes", "2",
+                                   "--base-episodes", "1", "--audit-episodes", "1"))
+    for name in ("report.md", "curve.png", "audit_final.json", "replay.txt"):
+        assert os.path.exists(os.path.join(run_dir, name)), name
+    assert not os.path.exists(os.path.join(run_dir, "guards.json"))
+    with open(os.path.join(run_dir, "audit_final.json")) as f:
+        row = json.load(f)
+    assert row["agent0.usage.act"] == 1.0 and row["episodes"] == 1
+    audit.main([run_dir, "--seeds", "1"])
+    assert os.path.exists(os.path.join(run_dir, "audit.md"))
+    evals = train.read_jsonl(os.path.join(run_dir, "eval.jsonl"))
+    assert {r["states"] for r in evals if r["tag"] in ("final", "baseline")} == {1, 2}
+    out = capsys.readouterr().out
+    assert "final test (greedy, 2 distinct test start states)" in out
+
+
+def test_a_sweep_trains_one_run_per_seed_summarizes_and_resumes(tmp_path, capsys):
+    flags = ["--model", "tiny", "--dtype", "float32", "--game", "coop_push", "--layout", "heavy_only",
+             "--group-size", "2", "--start-states", "1", "--eval-episodes", "2", "--burn-in-episodes", "10",
+             "--eval-interval", "1", "--lora-layers", "1", "--audit-episodes", "0", "--base-episodes", "0",
+             "--iterations", "2", "--cache", str(tmp_path / "cache")]
+    out = train.main([*flags, "--seeds", "0-1", "--jobs", "2", "--out", str(tmp_path / "sweep")])
+    with open(os.path.join(out, "summary.json")) as f:
+        summary = json.load(f)
+    assert summary["seeds"] == 2 and summary["finished"] == 2 and len(summary["runs"]) == 2
+    for run in summary["runs"]:
+        run_dir = os.path.join(out, f"seed{run['seed']}")
+        config = json.load(open(os.path.join(run_dir, "config.json")))
+        assert config["seed"] == run["seed"] and config["threads"] == 1 and config["seeds"] == ""
+        evals = train.read_jsonl(os.path.join(run_dir, "eval.jsonl"))
+        validation = [r for r in evals if r["tag"] == "validation"]
+        assert [r["iteration"] for r in validation] == [0, 1]  # every iteration, the last one included
+        assert run["selected_iteration"] == train.select_checkpoint(evals, 2) and run["test_states"] == 2
+        last = next(r["eval/score"] for r in evals if r["tag"] == "final")
+        assert run["last_test_score"] == last and run["competent"] == (run["selected_test_score"] >= 0.8)
+    scores = [r["selected_test_score"] for r in summary["runs"]]
+    assert summary["selected_test_score"]["mean"] == pytest.approx(np.mean(scores))
+    assert summary["selected_test_score"]["ci95"] == train.bootstrap_ci(scores)
+    assert "seeds competent" in open(os.path.join(out, "summary.md")).read()
+    printed = capsys.readouterr().out
+    assert "seed 0: iter 2/2" in printed and "seed 1: iter 2/2" in printed
+    # a killed sweep: seed 1 never finished; --resume runs only what is missing
+    os.remove(os.path.join(out, "seed1", "result.json"))
+    mtime = os.path.getmtime(os.path.join(out, "seed0", "result.json"))
+    train.main(["--resume", out])
+    assert os.path.getmtime(os.path.join(out, "seed0", "result.json")) == mtime
+    assert os.path.exists(os.path.join(out, "seed1", "result.json"))
+    with pytest.raises(train.ArgError, match="a sweep already exists"):
+        train.main([*flags, "--seeds", "0-1", "--out", out])
+
+
+def test_sweep_helpers():
+    assert train.parse_seed_list("0-4") == [0, 1, 2, 3, 4] and train.parse_seed_list("0-1,7") == [0, 1, 7]
+    for bad in ("", "a", "3-1", "1,1", "-2"):
+        with pytest.raises(train.ArgError, match="--seeds"):
+            train.parse_seed_list(bad)
+    assert train.run_flags(["--game", "forage", "--seeds", "0-4", "--jobs=5", "--out", "d", "--lr", "1e-3"]) == \
+        ["--game", "forage", "--lr", "1e-3"]
+    assert train.bootstrap_ci([0.5, 0.5, 0.5]) == [0.5, 0.5]
+    low, high = train.bootstrap_ci([0.0, 1.0, 1.0, 1.0, 0.0])
+    assert 0.0 <= low < 0.6 < high <= 1.0 and train.bootstrap_ci([0.0, 1.0, 1.0, 1.0, 0.0]) == [low, high]
+    evals = [{"tag": "validation", "iteration": 9, "eval/score": 0.9}, {"tag": "validation", "iteration": 19,
+             "eval/score": 0.9}, {"tag": "validation", "iteration": 29, "eval/score": 0.5}, {"tag": "final",
+             "iteration": 29, "eval/score": 1.0}]
+    assert train.select_checkpoint(evals, 30) == 20 and train.select_checkpoint([], 30) == 30
 
 
 def test_two_cpu_ranks_match_one_process(tmp_path):
