@@ -40,7 +40,8 @@ import options
 import pamagrpo
 import policy as policy_lib
 
-EVAL_SEED0 = pamagrpo.EVAL_SEED0  # evaluation seeds are EVAL_SEED0 + k; training seeds stay below it
+COMPETENT = 0.8  # a run is competent when its selected test score is >= 0.8 x the scripted team's
+TRAIN_SEED0 = 10_000_000  # training scans seeds from here (start states split by key: envs.split_of)
 
 
 @dataclass
@@ -52,7 +53,7 @@ class Args:
     dtype: str = "auto"  # auto (bfloat16 where the hardware has it natively, else float32) | bfloat16 | float32
     threads: int = 2  # torch CPU threads
     iterations: int = 30  # PA-MAGRPO iterations (0: only evaluate the frozen base)
-    start_states: int = 2  # B: start states (seeds) per iteration
+    start_states: int = 2  # B: start states per iteration (fresh each iteration, from the training split)
     group_size: int = 4  # G: rollouts per start state; usually 4 to 16
     temperature: float = 1.0  # sampling temperature of the rollouts
     lr: float = 1e-3  # AdamW learning rate of each adapter; usually 3e-4 to 1e-3 (top-layer adapters)
@@ -72,13 +73,15 @@ class Args:
     advantage: str = "per_agent"  # per_agent (PA-MAGRPO) | shared (MAGRPO baseline, the ablation)
     credit: str = "to_go"  # to_go (return-to-go) | episode | to_go_aligned (minus the group's same-step mean)
     gamma: float = 1.0  # discount of the credited return (1: none; < 1 prefers faster rollouts), in (0, 1]
-    eval_interval: int = 10  # greedy evaluation every this many iterations (0: only at the end)
-    eval_episodes: int = 20  # held-out evaluation seeds
+    eval_interval: int = 10  # greedy validation every this many iterations (0: only the final test)
+    eval_episodes: int = 20  # distinct test start states of the final evaluation (and validation states)
     base_temperatures: str = "0"  # comma-separated temperatures at which the frozen base is evaluated
-    base_episodes: int = 10  # held-out seeds of the frozen-base baselines (the first of the eval seeds; 0: skip)
-    audit_episodes: int = 10  # held-out seeds of the final behavioral audit (audit.py; 0: skip)
+    base_episodes: int = 10  # test start states of the frozen-base baselines (the first test states; 0: skip)
+    audit_episodes: int = 10  # test start states of the final behavioral audit (audit.py; 0: skip)
     burn_in_episodes: int = 150  # random-policy burn-in episodes per round for the guards
     seed: int = 0  # seeds everything: guards, LoRA init, start states, sampling
+    seeds: str = ""  # a sweep: "0-4" or "0,3,7" trains one run per seed into OUT/seedK ("": one run, --seed)
+    jobs: int = 1  # a sweep's runs at once (CPU threads are split between them; on a GPU they share it)
     out: str | None = None  # run folder; default runs/GAME-LAYOUT-sSEED
     resume: str | None = None  # continue the run in this folder
     cache: str = field(default_factory=lambda: str(policy_lib.cache_root()))  # model and guard cache folder
@@ -102,12 +105,12 @@ CHOICES = {"game": tuple(envs.GAMES), "device": ("cpu", "cuda"), "dtype": ("auto
            "advantage": ("per_agent", "shared"), "credit": ("to_go", "episode", "to_go_aligned"),
            "feedback": ("none", "failures")}
 POSITIVE = ("threads", "start_states", "group_size", "lora_rank", "epochs", "minibatch",
-            "eval_episodes", "burn_in_episodes")
+            "eval_episodes", "burn_in_episodes", "jobs")
 NON_NEGATIVE = ("iterations", "lora_layers", "base_episodes", "audit_episodes", "temperature", "lr", "lora_alpha",
                 "clip_eps", "kl_coef", "entropy_coef", "max_grad_norm", "eval_interval")
 # fields that may differ when resuming (everything else must match the checkpoint)
 RESUMABLE = ("iterations", "resume", "threads", "eval_interval", "base_temperatures", "base_episodes",
-             "audit_episodes")
+             "audit_episodes", "jobs")
 
 
 class ArgError(ValueError):
@@ -155,6 +158,22 @@ def validate(args: Args) -> None:
         temps = [-1.0]
     if min(temps) < 0:
         raise ArgError(f"--base-temperatures {args.base_temperatures!r}: expected comma-separated numbers >= 0")
+    if args.seeds:
+        parse_seed_list(args.seeds)
+
+
+def parse_seed_list(text: str) -> list[int]:
+    """'0-4' -> [0, 1, 2, 3, 4]; '0,3,7' -> [0, 3, 7]; ranges and lists mix ('0-2,9')."""
+    seeds: list[int] = []
+    try:
+        for part in text.split(","):
+            low, _, high = part.strip().partition("-")
+            seeds += list(range(int(low), int(high or low) + 1))
+    except ValueError:
+        seeds = []
+    if not seeds or min(seeds) < 0 or len(set(seeds)) != len(seeds):
+        raise ArgError(f"--seeds {text!r}: expected distinct seeds >= 0 as a range or a list, e.g. 0-4 or 0,3,7")
+    return seeds
 
 
 # ----------------------------------------------------------------------------- PLUMBING: files
@@ -243,9 +262,22 @@ def eval_record(tag: str, it: int, result: dict) -> dict:
     return {"tag": tag, "iteration": it, **{f"eval/{k}": v for k, v in result.items()}}
 
 
-def training_seeds(seed: int, it: int, start_states: int) -> list[int]:
-    """The start states of iteration `it`: fresh every iteration, never an evaluation seed."""
-    return [(seed * 1000 + it * start_states + b) % EVAL_SEED0 for b in range(start_states)]
+def training_seeds(game: envs.Game, seed: int, it: int, start_states: int) -> list[int]:
+    """The start states of iteration `it`: distinct, from the training split only (never a validation or
+    test start state, whatever the seed integers), drawn afresh every iteration."""
+    return envs.split_seeds(game, "train", start_states, TRAIN_SEED0 + seed * 1_000_000 + it * 1000)
+
+
+def held_out_seeds(game: envs.Game, split: str, count: int) -> list[int]:
+    """`count` distinct start states of the validation or test split; says so when the layout has fewer."""
+    seeds = envs.split_seeds(game, split, count)
+    if not seeds:
+        raise ArgError(f"layout {game.layout_name!r} has no {split} start state (a start state's split is fixed by "
+                       "its key); expected a layout with many start states, e.g. with 'random_starts: yes'")
+    if len(seeds) < count:
+        print(f"note: {game.name}/{game.layout_name} has only {len(seeds)} distinct {split} start states "
+              f"(asked for {count}); using all {len(seeds)}")
+    return seeds
 
 
 def scripted_score(game_factory, seeds: list[int]) -> float:
@@ -275,8 +307,15 @@ def barrier() -> None:
 
 def main(argv: list[str] | None = None) -> str:
     args, given = parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if args.seeds or (args.resume and os.path.exists(os.path.join(args.resume, "sweep.json"))):
+        return run_sweep(args, given, argv)
     if args.resume:
         args = resolve_resume(args, given)
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world > args.start_states:  # ranks split whole groups: a rank without a start state would have no work
+        raise ArgError(f"--start-states {args.start_states}: torchrun started {world} processes, each needs at least "
+                       f"one start state an iteration; expected --start-states >= {world}")
     if args.dtype == "auto":  # the config records what ran
         args.dtype = policy_lib.auto_dtype(args.device)
     torch.set_num_threads(args.threads)
@@ -293,6 +332,13 @@ def main(argv: list[str] | None = None) -> str:
         return envs.make_game(args.game, layout, 0)
 
     library = options.make_library(probe, args.action_mode, args.feedback == "failures")
+    # held-out start states: test (every reported score) and validation (periodic evaluations), disjoint from
+    # training and from each other by the start state's key
+    eval_seeds = held_out_seeds(probe, "test", args.eval_episodes)
+    validation_seeds = held_out_seeds(probe, "validation", args.eval_episodes) if args.eval_interval else []
+    if not training_seeds(probe, args.seed, 0, 1):
+        raise ArgError(f"layout {layout!r} has no training start state; expected a layout with many start states, "
+                       "e.g. with 'random_starts: yes'")
     # backbone + one LoRA adapter per agent (a missing model fails here, before anything is written);
     # rank 0 first, so a GGUF preset is converted into the cache once
     if not lead:
@@ -323,14 +369,14 @@ def main(argv: list[str] | None = None) -> str:
         if lead:
             barrier()
             guards.save(os.path.join(run_dir, "guards.json"))
-            print(guard_lib.report(guards, guard_lib.evaluate_menus(probe, library, None, 50, EVAL_SEED0),
-                                   guard_lib.evaluate_menus(probe, library, guards, 50, EVAL_SEED0)))
+            menu_seed0 = envs.SPLIT_FIRST_SEED["validation"]
+            print(guard_lib.report(guards, guard_lib.evaluate_menus(probe, library, None, 50, menu_seed0),
+                                   guard_lib.evaluate_menus(probe, library, guards, 50, menu_seed0)))
     menu_filter = guards.menu_filter if guards else None
 
     optimizers = pamagrpo.make_optimizers(policy, names, args.lr)
     cfg = pamagrpo.UpdateConfig(args.clip_eps, args.kl_coef, args.entropy_coef, args.epochs, args.minibatch,
                                 args.max_grad_norm)
-    eval_seeds = list(range(EVAL_SEED0, EVAL_SEED0 + args.eval_episodes))
     if lead:
         write_json(os.path.join(run_dir, "config.json"), dataclasses.asdict(args))
     metrics_path, eval_path = os.path.join(run_dir, "metrics.jsonl"), os.path.join(run_dir, "eval.jsonl")
@@ -353,19 +399,20 @@ def main(argv: list[str] | None = None) -> str:
                 t0 = time.perf_counter()
                 result = pamagrpo.evaluate(policy, game_factory, lib, filt, eval_seeds[:args.base_episodes],
                                            base_agents, temperature, args.seed)
-                record = {**eval_record("baseline", -1, result), "policy": tag, "temperature": temperature}
+                record = {**eval_record("baseline", -1, result), "policy": tag, "temperature": temperature,
+                          "states": len(eval_seeds[:args.base_episodes])}
                 if lead:
                     append_jsonl(eval_path, record)
                     print(f"{tag} T={temperature}: score {result['score']:.3f} ({time.perf_counter() - t0:.0f}s)")
         if lead:
             scripted = scripted_score(game_factory, eval_seeds)
             append_jsonl(eval_path, {"tag": "baseline", "iteration": -1, "policy": "scripted/coop",
-                                     "temperature": 0.0, "eval/score": scripted})
+                                     "temperature": 0.0, "eval/score": scripted, "states": len(eval_seeds)})
 
     # ------------------------------------------------------------------------- training loop (the algorithm)
     t_start = time.perf_counter()
     for it in range(start, args.iterations):
-        seeds = training_seeds(args.seed, it, args.start_states)
+        seeds = training_seeds(probe, args.seed, it, args.start_states)
         record = pamagrpo.iteration(policy, optimizers, game_factory, library, menu_filter, seeds,
                                     args.group_size, args.temperature, args.credit, args.advantage, cfg,
                                     args.seed, it, args.gamma)
@@ -377,12 +424,14 @@ def main(argv: list[str] | None = None) -> str:
                   f"return {record['rollout/return_mean']:.1f} zero-std {record['rollout/zero_std_groups']:.2f} "
                   f"{entropy} {record['time/iteration_s']:.0f}s/it ETA {eta / 60:.1f} min", flush=True)
         if args.eval_interval and (it + 1) % args.eval_interval == 0 and it + 1 < args.iterations:
-            result = pamagrpo.evaluate(policy, game_factory, library, menu_filter, eval_seeds, names, 0.0, args.seed)
-            record.update({f"eval/{k}": v for k, v in result.items()})
+            result = pamagrpo.evaluate(policy, game_factory, library, menu_filter, validation_seeds, names, 0.0,
+                                       args.seed)
+            record.update({f"validation/{k}": v for k, v in result.items()})
             if lead:
-                append_jsonl(eval_path, eval_record("greedy", it, result))
+                append_jsonl(eval_path, {**eval_record("validation", it, result), "states": len(validation_seeds)})
                 policy.save_adapters(os.path.join(run_dir, "snapshots", f"iter_{it + 1:04d}"))
-                print(f"  eval (greedy, {len(eval_seeds)} seeds): score {result['score']:.3f}")
+                print(f"  validation (greedy, {len(validation_seeds)} distinct start states): "
+                      f"score {result['score']:.3f}")
         if lead:
             append_jsonl(metrics_path, record)
             save_checkpoint(run_dir, policy, optimizers, it)
@@ -391,10 +440,10 @@ def main(argv: list[str] | None = None) -> str:
     if args.iterations > 0:
         result = pamagrpo.evaluate(policy, game_factory, library, menu_filter, eval_seeds, names, 0.0, args.seed)
         if lead:
-            append_jsonl(eval_path, eval_record("final", args.iterations - 1, result))
+            append_jsonl(eval_path, {**eval_record("final", args.iterations - 1, result), "states": len(eval_seeds)})
             policy.save_adapters(os.path.join(run_dir, "adapters"))
             policy.save_adapters(os.path.join(run_dir, "snapshots", f"iter_{args.iterations:04d}"))
-            print(f"final eval (greedy, {len(eval_seeds)} seeds): score {result['score']:.3f}")
+            print(f"final test (greedy, {len(eval_seeds)} distinct test start states): score {result['score']:.3f}")
             if args.audit_episodes:  # who did the work, and what each agent is worth (audit.py)
                 t0 = time.perf_counter()
                 audit_seeds = eval_seeds[:args.audit_episodes]
@@ -405,11 +454,196 @@ def main(argv: list[str] | None = None) -> str:
                 chooses = [pamagrpo.llm_choose(policy, n) for n in names]
                 with open(os.path.join(run_dir, "replay.txt"), "w") as f:
                     f.write(audit.replay(game_factory(), library, chooses, audit_seeds[0], menu_filter) + "\n")
-                print(f"audit ({len(audit_seeds)} seeds, {time.perf_counter() - t0:.0f}s): {row['summary']}")
+                print(f"audit ({len(audit_seeds)} test start states, {time.perf_counter() - t0:.0f}s): "
+                      f"{row['summary']}")
+        # checkpoint selection on validation start states, never on test ones: the last adapters are a
+        # candidate too; the selected adapters are then scored on the test states, beside the last ones
+        if args.eval_interval:
+            validation = pamagrpo.evaluate(policy, game_factory, library, menu_filter, validation_seeds, names, 0.0,
+                                           args.seed)
+            if lead:
+                append_jsonl(eval_path, {**eval_record("validation", args.iterations - 1, validation),
+                                         "states": len(validation_seeds)})
+        barrier()
+        selected = select_checkpoint(read_jsonl(eval_path), args.iterations)
+        chosen = result
+        if selected != args.iterations:
+            policy.load_adapters(os.path.join(run_dir, "snapshots", f"iter_{selected:04d}"))
+            chosen = pamagrpo.evaluate(policy, game_factory, library, menu_filter, eval_seeds, names, 0.0, args.seed)
+        if lead:
+            append_jsonl(eval_path, {**eval_record("selected", selected - 1, chosen), "states": len(eval_seeds)})
+            summary = {"seed": args.seed, "last_test_score": result["score"], "selected_test_score": chosen["score"],
+                       "selected_iteration": selected, "iterations": args.iterations, "test_states": len(eval_seeds),
+                       "validation_states": len(validation_seeds),
+                       "train_s": sum(m["time/iteration_s"] for m in read_jsonl(metrics_path))}
+            write_json(os.path.join(run_dir, "result.json"), summary)
+            print(f"selected checkpoint: iteration {selected} (best greedy validation score); test score "
+                  f"{chosen['score']:.3f} (last: {result['score']:.3f})")
     if lead:
         write_report(run_dir, args)
     barrier()  # no rank leaves before rank 0 has written everything
     return run_dir
+
+
+def select_checkpoint(evals: list[dict], last: int) -> int:
+    """The iteration (1-based) whose adapters scored best on the validation start states; the latest of equal
+    scores; `last` when no validation was run."""
+    scored = [(r["eval/score"], r["iteration"] + 1) for r in evals if r["tag"] == "validation"]
+    return max(scored)[1] if scored else last
+
+
+# ----------------------------------------------------------------------------- PLUMBING: many seeds at once
+
+SWEEP_FLAGS = ("--seeds", "--jobs", "--out", "--resume", "--seed", "--threads")  # set by the sweep per run
+
+
+def run_flags(argv: list[str]) -> list[str]:
+    """A sweep's command-line flags minus those the sweep sets for each run."""
+    kept, skip = [], False
+    for word in argv:
+        if skip:
+            skip = False
+        elif word.split("=", 1)[0] in SWEEP_FLAGS:
+            skip = "=" not in word
+        else:
+            kept.append(word)
+    return kept
+
+
+def bootstrap_ci(values: list[float], resamples: int = 10_000, seed: int = 0) -> list[float]:
+    """95% percentile bootstrap confidence interval of the mean (seeded: the same values give the same CI)."""
+    draws = np.random.default_rng(seed).choice(np.asarray(values, float), (resamples, len(values)))
+    return [float(x) for x in np.percentile(draws.mean(axis=1), [2.5, 97.5])]
+
+
+def last_progress(path: str) -> str:
+    """The newest progress line of a run's log (iteration, evaluation or error), '' if none yet."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(max(0, os.path.getsize(path) - 4096))
+            lines = f.read().decode("utf-8", "replace").splitlines()
+    except OSError:
+        return ""
+    keep = ("iter ", "final test", "selected", "error", "base/", "  validation", "resumed")
+    return next((line.strip() for line in reversed(lines) if line.lstrip().startswith(keep)), "")
+
+
+def run_sweep(args: Args, given: set[str], argv: list[str]) -> str:
+    """One training process per seed (OUT/seedK, at most --jobs at once), one progress line per seed, then
+    OUT/summary.json and OUT/summary.md. `--resume OUT` finishes a killed sweep: finished runs are kept,
+    interrupted ones resume from their checkpoint, missing ones start."""
+    import subprocess
+
+    if args.resume:
+        out = args.resume
+        with open(os.path.join(out, "sweep.json")) as f:
+            plan = json.load(f)
+        if "jobs" in given:
+            plan["jobs"] = args.jobs
+    else:
+        layout = args.layout or envs.GAMES[args.game].default_layout
+        envs.make_game(args.game, layout, 0)  # a bad layout fails here, before anything is written
+        out = args.out or os.path.join("runs", f"{args.game}-{os.path.basename(layout)}-seeds")
+        if os.path.exists(os.path.join(out, "sweep.json")):
+            raise ArgError(f"--out {out}: a sweep already exists there; pass --resume {out} or another --out")
+        plan = {"seeds": parse_seed_list(args.seeds), "seeds_text": args.seeds, "jobs": args.jobs,
+                "threads": args.threads,
+                "flags": run_flags(argv), "wall_s": {}}
+        os.makedirs(out, exist_ok=True)
+        write_json(os.path.join(out, "sweep.json"), plan)
+    jobs, threads = plan["jobs"], max(1, plan["threads"] // plan["jobs"])
+    print(f"sweep {out}: seeds {plan['seeds']}, {jobs} at a time, {threads} CPU thread(s) each; logs in "
+          f"{out}/seedK/train.log", flush=True)
+    pending = [s for s in plan["seeds"] if not os.path.exists(os.path.join(out, f"seed{s}", "result.json"))]
+    running: dict[int, tuple] = {}
+    shown: dict[int, str] = {}
+    failed: dict[int, str] = {}
+    while pending or running:
+        while pending and len(running) < jobs:
+            seed = pending.pop(0)
+            run_dir = os.path.join(out, f"seed{seed}")
+            if os.path.exists(os.path.join(run_dir, "config.json")):
+                cmd = [sys.executable, os.path.abspath(__file__), "--resume", run_dir]
+            else:
+                cmd = [sys.executable, os.path.abspath(__file__), *plan["flags"], "--seed", str(seed), "--out", run_dir]
+            os.makedirs(run_dir, exist_ok=True)
+            log = open(os.path.join(run_dir, "train.log"), "a")
+            proc = subprocess.Popen(cmd + ["--threads", str(threads)], stdout=log, stderr=subprocess.STDOUT)
+            running[seed] = (proc, time.time(), log)
+        time.sleep(1.0)
+        for seed, (proc, t0, log) in list(running.items()):
+            line = last_progress(os.path.join(out, f"seed{seed}", "train.log"))
+            if line and line != shown.get(seed):
+                shown[seed] = line
+                print(f"seed {seed}: {line}", flush=True)
+            if proc.poll() is None:
+                continue
+            log.close()
+            del running[seed]
+            plan["wall_s"][str(seed)] = plan["wall_s"].get(str(seed), 0.0) + time.time() - t0
+            write_json(os.path.join(out, "sweep.json"), plan)
+            if proc.returncode != 0:
+                failed[seed] = f"exit {proc.returncode}: {line}"
+                print(f"seed {seed}: FAILED ({failed[seed]})", flush=True)
+    summary = sweep_summary(out, plan)
+    print(f"sweep {out}: {summary['competent']}/{summary['seeds']} seeds competent; selected test score mean "
+          f"{summary['selected_test_score']['mean']:.3f} (95% CI {summary['selected_test_score']['ci95']}); "
+          f"{out}/summary.md", flush=True)
+    if failed:
+        raise ArgError(f"sweep {out}: seed(s) {', '.join(map(str, failed))} failed; their logs are in "
+                       f"{out}/seedK/train.log; fix the cause and pass --resume {out}")
+    return out
+
+
+def sweep_summary(out: str, plan: dict) -> dict:
+    """summary.json and summary.md of a sweep from each run's result.json and eval.jsonl."""
+    rows = []
+    for seed in plan["seeds"]:
+        run_dir = os.path.join(out, f"seed{seed}")
+        row: dict = {"seed": seed, "wall_s": round(plan["wall_s"].get(str(seed), 0.0), 1)}
+        try:
+            with open(os.path.join(run_dir, "result.json")) as f:
+                row.update(json.load(f))
+        except (OSError, json.JSONDecodeError):
+            rows.append({**row, "status": "unfinished"})
+            continue
+        scripted = [r["eval/score"] for r in read_jsonl(os.path.join(run_dir, "eval.jsonl"))
+                    if r.get("policy") == "scripted/coop"]
+        row["scripted_test_score"] = scripted[-1] if scripted else 1.0
+        row["competent"] = row["selected_test_score"] >= COMPETENT * row["scripted_test_score"]
+        rows.append({**row, "status": "done"})
+    done = [r for r in rows if r["status"] == "done"]
+    summary: dict = {"seeds": len(rows), "finished": len(done), "competent": sum(r["competent"] for r in done),
+                     "competent_means": f"selected test score >= {COMPETENT} x the scripted team's",
+                     "flags": " ".join(plan["flags"])}
+    for key in ("selected_test_score", "last_test_score"):
+        values = [r[key] for r in done]
+        summary[key] = {"mean": float(np.mean(values)) if values else None,
+                        "ci95": bootstrap_ci(values) if values else None}
+    summary["runs"] = rows
+    write_json(os.path.join(out, "summary.json"), summary)
+
+    def ci(key: str) -> str:
+        s = summary[key]
+        return "-" if s["mean"] is None else f"{s['mean']:.3f} [{s['ci95'][0]:.3f}, {s['ci95'][1]:.3f}]"
+
+    lines = [f"# Sweep {out}", "", f"`python train.py {summary['flags']} --seeds {plan['seeds_text']}`", "",
+             f"**{summary['competent']}/{summary['seeds']} seeds competent** ({summary['competent_means']}); "
+             f"mean test score with a 95% bootstrap CI over seeds: selected {ci('selected_test_score')}, "
+             f"last {ci('last_test_score')}.", "",
+             "| seed | selected test score (iteration) | last test score | scripted | competent | test states | "
+             "wall clock |", "| --- | --- | --- | --- | --- | --- | --- |"]
+    for r in rows:
+        if r["status"] != "done":
+            lines.append(f"| {r['seed']} | {r['status']} | | | | | {r['wall_s'] / 60:.1f} min |")
+            continue
+        competent = "yes" if r["competent"] else "no"
+        lines.append(f"| {r['seed']} | {r['selected_test_score']:.3f} ({r['selected_iteration']}) | "
+                     f"{r['last_test_score']:.3f} | {r['scripted_test_score']:.2f} | {competent} "
+                     f"| {r['test_states']} | {r['wall_s'] / 60:.1f} min |")
+    with open(os.path.join(out, "summary.md"), "w") as f:
+        f.write("\n".join(lines) + "\n")
+    return summary
 
 
 def write_report(run_dir: str, args: Args) -> None:
@@ -418,13 +652,17 @@ def write_report(run_dir: str, args: Args) -> None:
     metrics = read_jsonl(os.path.join(run_dir, "metrics.jsonl"))
     rows = [(f"{r['policy']} (T={r['temperature']:g})", r["eval/score"]) for r in evals if r["tag"] == "baseline"]
     method = "PA-MAGRPO" if args.advantage == "per_agent" else "MAGRPO (shared advantages)"
-    rows += [(f"{method}, iteration {r['iteration'] + 1} (greedy)", r["eval/score"]) for r in evals
-             if r["tag"] == "greedy"]
+    rows += [(f"{method}, iteration {r['iteration'] + 1} (greedy, validation states)", r["eval/score"])
+             for r in evals if r["tag"] in ("greedy", "validation")]
     final = [r for r in evals if r["tag"] == "final"]
     if final:
         rows.append((f"**{method}, final: iteration {args.iterations} (greedy)**", final[-1]["eval/score"]))
+    rows += [(f"**{method}, selected on validation: iteration {r['iteration'] + 1} (greedy)**", r["eval/score"])
+             for r in evals if r["tag"] == "selected"][-1:]
+    states = final[-1].get("states", "?") if final else "?"
     lines = [f"# {args.game} / {args.layout} / {args.model}", "",
-             f"Held-out evaluation on {args.eval_episodes} seeds (normalized score, 1.0 = all reward).", "",
+             f"Normalized score (1.0 = all reward) on {states} distinct test start states, never used in training "
+             "(periodic rows: validation start states).", "",
              "| policy | score |", "| --- | --- |"] + [f"| {name} | {score:.3f} |" for name, score in rows]
     if metrics:
         total = sum(m["time/iteration_s"] for m in metrics)
@@ -435,7 +673,7 @@ def write_report(run_dir: str, args: Args) -> None:
         with open(audit_path) as f:
             row = json.load(f)
         episodes = row.get("episodes", min(args.audit_episodes, args.eval_episodes))  # --audit-episodes is capped
-        lines += ["", f"## Behavioral audit of the trained team ({episodes} held-out seeds, audit.py)", "",
+        lines += ["", f"## Behavioral audit of the trained team ({episodes} test start states, audit.py)", "",
                   "Progress share, idle fraction and the relative score drop when the agent is replaced by an idle "
                   "one, per agent (1/2); joint events per episode; the summary's thresholds are in audit.py.", "",
                   audit.table([row], ["team"] + audit.default_columns(sum(k.endswith(".progress_share") for k in row)))]
@@ -454,9 +692,11 @@ def write_report(run_dir: str, args: Args) -> None:
         fig, ax = plt.subplots(figsize=(6, 3.5))
         ax.plot([m["iteration"] + 1 for m in metrics], [m["rollout/score_mean"] for m in metrics],
                 label="rollout score (sampled)")
-        greedy = [r for r in evals if r["tag"] in ("greedy", "final")]
+        greedy = [r for r in evals if r["tag"] in ("greedy", "validation")]
         ax.plot([r["iteration"] + 1 for r in greedy], [r["eval/score"] for r in greedy], "o-",
-                label="held-out greedy score")
+                label="greedy, validation states")
+        ax.plot([r["iteration"] + 1 for r in final], [r["eval/score"] for r in final], "s", color="C3",
+                label="greedy, test states (final)")
         for r, style in zip([r for r in evals if r["tag"] == "baseline"], (":", "--", "-.", ":", "--")):
             ax.axhline(r["eval/score"], linestyle=style, color="gray", linewidth=1,
                        label=f"{r['policy']} (T={r['temperature']:g})")
