@@ -369,7 +369,7 @@ def plot_over_training(records: list[dict], path: str, prefix: str = "") -> None
     fig.savefig(path, dpi=100)
 
 
-def load_run(run_dir: str, model: str | None = None):
+def load_run(run_dir: str, model: str | None = None, device: str | None = None):
     """(config, game_factory, library, guards or None, policy) of a train.py run folder."""
     import json
     import os
@@ -387,7 +387,9 @@ def load_run(run_dir: str, model: str | None = None):
     guards = None
     if config["action_mode"] == "options":
         guards = guard_lib.load_guards(os.path.join(run_dir, "guards.json"), probe, library)
-    backbone, tokenizer = policy_lib.load_backbone(model or config["model"], config["device"], config["dtype"])
+    device = device or config["device"]  # a run trained on a GPU can be audited on the CPU (--device cpu)
+    dtype = config["dtype"] if device.startswith("cuda") == config["device"].startswith("cuda") else "auto"
+    backbone, tokenizer = policy_lib.load_backbone(model or config["model"], device, dtype)
     names = [f"agent{i}" for i in range(probe.n_agents)]
     policy = policy_lib.MenuPolicy(backbone, tokenizer, names, lora_rank=config["lora_rank"],
                                    lora_alpha=config["lora_alpha"],
@@ -401,7 +403,7 @@ def load_run(run_dir: str, model: str | None = None):
     return config, game_factory, library, guards, policy
 
 
-def audit_run(run_dir: str, episodes: int, temperature: float = 0.0) -> list[dict]:
+def audit_run(run_dir: str, episodes: int, temperature: float = 0.0, device: str | None = None) -> list[dict]:
     """Audit the frozen base and every adapter snapshot of a run (reward and cooperation over training) on
     the first `episodes` distinct test start states (envs.split_seeds: never trained on, the same states
     train.py's final evaluation uses); writes audit.jsonl, audit.md (table + one greedy replay) and audit.png
@@ -412,7 +414,7 @@ def audit_run(run_dir: str, episodes: int, temperature: float = 0.0) -> list[dic
 
     import pamagrpo
 
-    config, game_factory, library, guards, policy = load_run(run_dir)
+    config, game_factory, library, guards, policy = load_run(run_dir, device=device)
     seeds = envs.split_seeds(game_factory(), "test", episodes)
     if len(seeds) < episodes:
         print(f"note: {config['game']}/{config['layout']} has only {len(seeds)} distinct test start states "
@@ -483,6 +485,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                                                              "of each layout")
     parser.add_argument("--temperature", type=float, default=0.0,
                         help="a run's teams: 0 plays them greedily (audit.*), T > 0 samples at T (audit_T{T}.*)")
+    parser.add_argument("--device", default=None, help="a run's audit: cpu, cuda or cuda:N (default: the run's)")
     cli = parser.parse_args(argv)
     if cli.seeds < 1:
         parser.exit(2, f"error: --seeds {cli.seeds}: expected an integer >= 1\n")
@@ -495,7 +498,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         import guards as guard_lib
         import policy as policy_lib
         try:
-            audit_run(cli.run_dir, cli.seeds, cli.temperature)
+            audit_run(cli.run_dir, cli.seeds, cli.temperature, cli.device)
         except (ValueError, OSError, guard_lib.GuardError, policy_lib.ModelError) as e:
             parser.exit(1, f"error: {e}\n")
         return

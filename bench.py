@@ -5,6 +5,7 @@
     python bench.py --dtypes float32  # LLM sections in these dtypes only (default: float32, bfloat16)
     python bench.py --models tiny   # LLM sections for these models only (default: tiny, smollm2-135m)
     python bench.py --json          # one JSON object
+    python bench.py --device cuda --only train --groups 2x4,8x8   # on a GPU: cost of larger groups
 
 Speed is measured here and reported in the README, never asserted by timed tests.
 """
@@ -19,6 +20,17 @@ import numpy as np
 
 import envs
 import options
+
+DEVICE = "cpu"  # where the LLM sections run (--device); every row names it (device_name)
+
+
+def device_name(device: str) -> str:
+    """'cpu (AVX512)' or the GPU's name, so a figure always says what produced it."""
+    import torch
+
+    if device.startswith("cuda"):
+        return torch.cuda.get_device_name(torch.device(device))
+    return f"cpu ({torch.backends.cpu.get_cpu_capability()}, {torch.get_num_threads()} threads)"
 
 
 def bench_env(game_name: str, steps: int, seed: int = 0) -> float:
@@ -98,7 +110,7 @@ def real_decisions(policy, game_name: str, n: int, seed: int = 0, feedback: bool
 def llm_policy(model: str, dtype: str, scoring: str = "text"):
     import policy as policy_lib
 
-    network, tokenizer = policy_lib.load_backbone(model, "cpu", dtype)
+    network, tokenizer = policy_lib.load_backbone(model, DEVICE, dtype)
     return policy_lib.MenuPolicy(network, tokenizer, ["agent0", "agent1"], scoring=scoring)
 
 
@@ -117,31 +129,35 @@ def bench_scoring(model: str, n: int, dtype: str = "float32", scoring: str = "te
     naive = [policy_lib.naive_menu_log_probs(policy, d) for d in decisions]
     naive_s = time.perf_counter() - start
     prompt_tokens = [len(policy.tokenize_decision(d)[0]) for d in decisions]
-    return {"model": model, "dtype": dtype, "scoring": scoring, "decisions": n, "unique": len(set(decisions)),
+    return {"device": device_name(DEVICE), "model": model, "dtype": dtype, "scoring": scoring, "decisions": n,
+            "unique": len(set(decisions)),
             "prompt_tokens": float(np.mean(prompt_tokens)), "options": float(np.mean([len(d.menu) for d in decisions])),
             "batched_per_s": n / batched_s, "naive_per_s": n / naive_s, "speedup": naive_s / batched_s,
             "max_abs_diff": max(float((a - b).abs().max()) for a, b in zip(batched, naive))}
 
 
-def bench_train(model: str, dtype: str, lora_layers: int, group_size: int = 4) -> dict:
-    """One real PA-MAGRPO iteration on coop_push (one start state, a group of rollouts, then the update):
-    decisions per second in the rollouts and in the update (base pass + forward + backward + step)."""
+def bench_train(model: str, dtype: str, lora_layers: int, start_states: int = 1, group_size: int = 4) -> dict:
+    """One real PA-MAGRPO iteration on coop_push (start_states x group_size rollouts, then the update):
+    decisions per second in the rollouts and in the update (base pass + forward + backward + step), and the
+    iteration's wall time."""
     import guards as guard_lib
     import pamagrpo
     import policy as policy_lib
 
-    network, tokenizer = policy_lib.load_backbone(model, "cpu", dtype)
+    network, tokenizer = policy_lib.load_backbone(model, DEVICE, dtype)
     layers = min(lora_layers, network.config.num_hidden_layers - 1)  # keep a trunk on small models
     policy = policy_lib.MenuPolicy(network, tokenizer, ["agent0", "agent1"], lora_layers=layers)
     game = envs.make_game("coop_push", None, 0)
     library = options.make_library(game)
     guard = guard_lib.cached_guards(game, library, guard_lib.BurnInSettings(), str(policy_lib.cache_root() / "guards"))
     optimizers = pamagrpo.make_optimizers(policy, policy.agents, 3e-4)
+    seeds = envs.split_seeds(game, "train", start_states, 10_000_000)
     record = pamagrpo.iteration(policy, optimizers, lambda: envs.make_game("coop_push", None, 0), library,
-                                guard.menu_filter, [0], group_size, 1.0, "to_go", "per_agent",
+                                guard.menu_filter, seeds, group_size, 1.0, "to_go", "per_agent",
                                 pamagrpo.UpdateConfig(), seed=0, it=0)
     n = record["rollout/decisions"]
-    return {"model": model, "dtype": dtype, "lora_layers": layers or network.config.num_hidden_layers,
+    return {"device": device_name(DEVICE), "model": model, "dtype": dtype,
+            "lora_layers": layers or network.config.num_hidden_layers, "groups": f"{start_states}x{group_size}",
             "decisions": n, "rollout_per_s": n / record["time/rollout_s"], "update_per_s": n / record["time/update_s"],
             "iteration_s": record["time/iteration_s"]}
 
@@ -194,10 +210,15 @@ def section_scoring(quick: bool) -> list:
     return [bench_scoring(m, n, dtype) for m in MODELS for dtype in DTYPES if m != "tiny" or dtype == "float32"]
 
 
+GROUPS = [(1, 4)]  # (start states, group size) of the train section (--groups)
+
+
 def section_train(quick: bool) -> list:
-    """The training step: adapters on every layer (0) vs the top 4 layers (trunk cached and replayed)."""
+    """The training step: adapters on every layer (0) vs the top 4 layers (trunk cached and replayed), for each
+    --groups size (start states x rollouts)."""
     dtypes = DTYPES[-1:] if quick else DTYPES
-    return [bench_train(m, dtype, layers) for m in MODELS for dtype in dtypes for layers in (0, 4)]
+    return [bench_train(m, dtype, layers, b, g) for m in MODELS for dtype in dtypes for layers in (0, 4)
+            for b, g in GROUPS]
 
 
 def print_rows(rows: list) -> None:
@@ -221,12 +242,26 @@ def main() -> None:
     parser.add_argument("--models", default=",".join(MODELS), help="comma-separated models of the LLM sections")
     parser.add_argument("--dtypes", default=",".join(DTYPES), help="comma-separated dtypes of the LLM sections")
     parser.add_argument("--threads", type=int, default=2, help="torch threads")
+    parser.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N: where the LLM sections run")
+    parser.add_argument("--groups", default="1x4", help="train section: comma-separated START_STATESxGROUP_SIZE")
     args = parser.parse_args()
     for dtype in args.dtypes.split(","):
         if dtype not in DTYPES:
             parser.error(f"--dtypes: unknown dtype {dtype!r}; accepted: {', '.join(DTYPES)}")
+    try:
+        GROUPS[:] = [tuple(int(x) for x in g.split("x")) for g in args.groups.split(",")]
+    except ValueError:
+        GROUPS[:] = []
+    if not GROUPS or any(len(g) != 2 or min(g) < 1 for g in GROUPS):
+        parser.error(f"--groups {args.groups!r}: expected comma-separated BxG with integers >= 1, e.g. 2x4,8x8")
     import torch
 
+    if args.device != "cpu" and not (args.device == "cuda" or args.device.startswith("cuda:")):
+        parser.error(f"--device {args.device!r}: expected cpu, cuda or cuda:N")
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        parser.error(f"--device {args.device}: no CUDA device is available to torch here; expected cpu")
+    global DEVICE
+    DEVICE = args.device
     torch.set_num_threads(args.threads)
     MODELS[:] = args.models.split(",")
     DTYPES[:] = args.dtypes.split(",")

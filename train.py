@@ -25,6 +25,7 @@ import json
 import os
 import pickle
 import random
+import re
 import shutil
 import sys
 import time
@@ -49,7 +50,7 @@ class Args:
     game: str = "coop_push"  # coop_push | forage | kitchen
     layout: str | None = None  # a built-in layout name or a layout file; default: the game's classic layout
     model: str = "smollm2-135m"  # preset (smollm2-135m, gemma3-270m, tiny), local dir, .gguf file or hub id
-    device: str = "cpu"  # cpu | cuda
+    device: str = "cpu"  # cpu | cuda | cuda:N
     dtype: str = "auto"  # auto (bfloat16 where the hardware has it natively, else float32) | bfloat16 | float32
     threads: int = 2  # torch CPU threads
     iterations: int = 30  # PA-MAGRPO iterations (0: only evaluate the frozen base)
@@ -100,7 +101,7 @@ PRESETS: dict[str, dict] = {
     # --feedback failures was tried and is not in the preset: greedy 0.275 after 10 iterations (README)
     "kitchen": {"credit": "to_go_aligned", "gamma": 0.95, "iterations": 20},
 }
-CHOICES = {"game": tuple(envs.GAMES), "device": ("cpu", "cuda"), "dtype": ("auto", *policy_lib.DTYPES),
+CHOICES = {"game": tuple(envs.GAMES), "dtype": ("auto", *policy_lib.DTYPES),
            "scoring": policy_lib.SCORINGS, "action_mode": ("options", "primitive"),
            "advantage": ("per_agent", "shared"), "credit": ("to_go", "episode", "to_go_aligned"),
            "feedback": ("none", "failures")}
@@ -142,6 +143,8 @@ def validate(args: Args) -> None:
     for name, accepted in CHOICES.items():
         if getattr(args, name) not in accepted:
             raise ArgError(f"--{name.replace('_', '-')} {getattr(args, name)!r}: expected one of {', '.join(accepted)}")
+    if not re.fullmatch(r"cpu|cuda(:\d+)?", args.device):
+        raise ArgError(f"--device {args.device!r}: expected cpu, cuda or cuda:N")
     for name in POSITIVE:
         if getattr(args, name) < 1:
             raise ArgError(f"--{name.replace('_', '-')} {getattr(args, name)}: expected an integer >= 1")
