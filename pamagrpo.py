@@ -23,6 +23,14 @@ Each agent i has its own LoRA adapter (policy pi_i, see policy.py). One iteratio
    The KL is exact: the menu is a small categorical distribution. pi_base is the same model with adapters
    disabled. One AdamW optimizer per agent over that agent's adapter only, gradient-norm clipping.
 
+What the default update is. With the default `epochs=1`, pi_old is the policy being differentiated, so
+rho_d = 1 and the clip never binds: the update is plain on-policy policy gradient, the gradient of
+-mean_d A_d log pi_i(o_d | h_d), with per-agent group-normalized advantages, plus the gradient of the exact
+KL (and of the entropy bonus if `entropy_coef` > 0). The clip engages only with `epochs` > 1, where epochs
+after the first reuse the same decisions after the policy has moved. The rollouts are sampled from
+softmax(log pi / T) while rho_d and the loss use the untempered pi_i, so at a sampling temperature T != 1
+the update is off-policy (no importance correction for T; T = 1 is the on-policy case).
+
 Symbols -> names: B `start_states`, G `group_size`, T `temperature`, R_d `returns`, A_d `advantages`,
 gamma `gamma`, rho_d `ratio`, eps `clip_eps`, pi_old `old`, pi_base `base`, H `entropy`, |D_i| `count`.
 
@@ -36,11 +44,16 @@ Departures from GRPO (Shao et al. 2024) and MAGRPO:
   gradient only from its own decisions), then each agent's optimizer steps on its own adapter;
 - one optimizer step per agent per epoch on the whole iteration's decisions (minibatches only bound
   memory and accumulate gradient), so pi_old is the first epoch's own forward and needs no extra pass;
-  with `epochs=1` the ratio is exactly 1 and the clip never binds (plain on-policy GRPO);
+  with `epochs=1` the ratio is exactly 1 and the clip never binds (on-policy policy gradient, above);
+- rollouts sampled at temperature T != 1 are treated as if drawn from pi_i (no correction: off-policy);
 - with adapters only in the top layers (`lora_layers`), the update replays the rollouts' cached trunk
   outputs instead of recomputing the frozen bottom layers (identical math, a fraction of the cost);
 - under torchrun, ranks split the start states (whole groups) and sum each agent's gradient before its
   step, so the update equals the single-process one up to summation order.
+
+Test: `HF_HUB_OFFLINE=1 pytest -q test_all.py -k "hand_computed_loss or kl_and_entropy or credit or
+advantages or align or temperature"`: update()'s gradient, KL and entropy against the equation above computed
+by hand on the tiny model, credit and advantages against hand-written numbers, decision times in play().
 """
 
 from __future__ import annotations
@@ -125,10 +138,13 @@ def my_share(items: list) -> list:
 
 
 def sample_choice(logp: torch.Tensor, temperature: float, generator: torch.Generator) -> int:
-    """Sample from softmax(logp / T); T == 0 is greedy (lowest index on ties)."""
+    """Sample from softmax(logp / T); T == 0 is greedy (lowest index on ties). The log-probs leave the policy's
+    device as CPU float64 first, so the CPU generator never meets a GPU tensor and the same log-probs give the
+    same choice on any device."""
+    logp = logp.detach().to("cpu", torch.float64)  # (K,)
     if temperature <= 0:
         return int(torch.argmax(logp))
-    probs = torch.softmax(logp.double() / temperature, dim=0)
+    probs = torch.softmax(logp / temperature, dim=0)
     return int(torch.multinomial(probs, 1, generator=generator))
 
 

@@ -641,8 +641,11 @@ class _Replay(torch.nn.Module):
 def _only_adapter(policy: MenuPolicy, agent: str | None):
     """Activate one agent's adapter (or none) for a plain forward; restore trainability after."""
     if agent is None:
-        with policy.peft.disable_adapter():
-            yield
+        try:
+            with policy.peft.disable_adapter():
+                yield
+        finally:  # leaving disable_adapter() makes only the active adapter trainable again
+            policy._make_adapters_trainable()
         return
     previous = policy.peft.active_adapter
     policy.peft.set_adapter(agent)

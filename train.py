@@ -56,7 +56,7 @@ class Args:
     iterations: int = 30  # PA-MAGRPO iterations (0: only evaluate the frozen base)
     start_states: int = 2  # B: start states per iteration (fresh each iteration, from the training split)
     group_size: int = 4  # G: rollouts per start state; usually 4 to 16
-    temperature: float = 1.0  # sampling temperature of the rollouts
+    temperature: float = 1.0  # sampling temperature of the rollouts, > 0 (1: on-policy; otherwise off-policy)
     lr: float = 1e-3  # AdamW learning rate of each adapter; usually 3e-4 to 1e-3 (top-layer adapters)
     lora_rank: int = 16  # LoRA rank r
     lora_alpha: float = 32.0  # LoRA alpha (scale alpha / r)
@@ -151,6 +151,9 @@ def validate(args: Args) -> None:
     for name in NON_NEGATIVE:
         if getattr(args, name) < 0:
             raise ArgError(f"--{name.replace('_', '-')} {getattr(args, name)}: expected a number >= 0")
+    if args.temperature == 0 and args.iterations > 0:
+        raise ArgError("--temperature 0: greedy rollouts of one start state are identical, so every group's advantages "
+                       "are 0 and nothing is learned; expected a sampling temperature > 0 (1: on-policy)")
     if args.clip_eps >= 1:
         raise ArgError(f"--clip-eps {args.clip_eps}: expected a number in [0, 1)")
     if not 0 < args.gamma <= 1:
@@ -539,8 +542,12 @@ def run_sweep(args: Args, given: set[str], argv: list[str]) -> str:
 
     if args.resume:
         out = args.resume
-        with open(os.path.join(out, "sweep.json")) as f:
-            plan = json.load(f)
+        try:
+            with open(os.path.join(out, "sweep.json")) as f:
+                plan = json.load(f)
+        except (OSError, json.JSONDecodeError) as e:
+            raise ArgError(f"--resume {out}: cannot read {out}/sweep.json ({e}); expected a sweep folder "
+                           "(for a single run, drop --seeds)") from None
         if "jobs" in given:
             plan["jobs"] = args.jobs
     else:
