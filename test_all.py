@@ -193,6 +193,10 @@ def test_forage_loader_next_to_two_foods_loads_one():
     assert reward == 0.5 and not term and events == [("food_loaded", (0,), 0)] and game.collected == [True, False]
     reward, term, _, events = game.step([INTERACT])
     assert reward == 0.5 and term and events == [("food_loaded", (0,), 1)]
+    # agent 1 takes part in one attempt only (on food 1, west of it), so agent 2 alone cannot lift food 2
+    game = envs.make_game("forage", ".....\nf1f2.\n.....\nagent_levels: 1 1\nfood_levels: 1 2\n")
+    reward, _, _, events = game.step([INTERACT, INTERACT])
+    assert reward == pytest.approx(1 / 3) and events == [("food_loaded", (0,), 0)] and game.collected == [True, False]
 
 
 def test_forage_level_sums_and_joint_load():
