@@ -30,6 +30,7 @@ Run `python envs.py --game kitchen --show` to watch the scripted team play (see 
 
 from __future__ import annotations
 
+import functools
 import hashlib
 
 import numpy as np
@@ -231,6 +232,12 @@ class Game:
         """Static walkability (ignoring agents and movable objects), used for start regions."""
         return self.cells[cell] != "#"
 
+    def neighbour_cells(self, cell: int) -> tuple[int, ...]:
+        """The cells next to `cell` inside the grid (no wrap-around), in the order north, south, west, east."""
+        r, c = self.rc(cell)
+        return tuple(n for n, ok in ((cell - self.width, r > 0), (cell + self.width, r < self.height - 1),
+                                     (cell - 1, c > 0), (cell + 1, c < self.width - 1)) if ok)
+
     def start_regions(self) -> dict[int, list[int]]:
         """For each agent's marked start: the cells reachable from it by static walkability."""
         regions = {}
@@ -238,10 +245,8 @@ class Game:
             seen, frontier = {start}, [start]
             while frontier:
                 cell = frontier.pop()
-                r, c = self.rc(cell)
-                for n, ok in ((cell - self.width, r > 0), (cell + self.width, r < self.height - 1),
-                              (cell - 1, c > 0), (cell + 1, c < self.width - 1)):
-                    if ok and n not in seen and self.walkable(n):
+                for n in self.neighbour_cells(cell):
+                    if n not in seen and self.walkable(n):
                         seen.add(n)
                         frontier.append(n)
             regions[start] = sorted(seen)
@@ -607,13 +612,8 @@ class Forage(Game):
         self.food_levels = option_ints(self.options, "food_levels", len(self.food_starts), 1, self.layout_name)
         self.random_food = option_bool(self.options, "random_food", False, self.layout_name)
         self.total_food_level = float(sum(self.food_levels))
-        w, h = self.width, self.height
-        # neighbours inside the grid (no wrap-around), used for adjacency and loading
-        self.neighbours = []
-        for c in range(w * h):
-            r, col = divmod(c, w)
-            self.neighbours.append(tuple(n for n, ok in ((c - w, r > 0), (c + w, r < h - 1),
-                                                        (c - 1, col > 0), (c + 1, col < w - 1)) if ok))
+        # neighbours of every cell (north, south, west, east: lb-foraging's load order), for adjacency and loads
+        self.neighbours = [self.neighbour_cells(c) for c in range(self.width * self.height)]
 
     def reset_objects(self, rng: np.random.Generator) -> None:
         if self.random_food:
@@ -668,7 +668,7 @@ class Forage(Game):
         waiting = list(loaders)
         while waiting:
             first = waiting[0]
-            k = next((self.food_at[n] for n in self.food_side_cells(self.pos[first]) if n in self.food_at), None)
+            k = next((self.food_at[n] for n in self.neighbours[self.pos[first]] if n in self.food_at), None)
             if k is None:  # no food next to it: lb-foraging turns the load into a no-op
                 waiting.pop(0)
                 continue
@@ -686,10 +686,6 @@ class Forage(Game):
 
     def adjacent(self, cell: int, other: int) -> bool:
         return other in self.neighbours[cell]
-
-    def food_side_cells(self, cell: int) -> list[int]:
-        """The cells next to `cell` in lb-foraging's load order: north, south, west, east (inside the grid)."""
-        return [t for t in (self.in_grid_move(cell, a) for a in (1, 2, 3, 4)) if t >= 0]
 
     def view(self, agent: int) -> str:
         lines = [f"You: level {self.agent_levels[agent]}."]
@@ -795,12 +791,13 @@ class Kitchen(Game):
         self.pot_index = {c: k for k, c in enumerate(self.pots)}
         self.random_contents = option_bool(self.options, "random_contents", False, self.layout_name)
 
+    @functools.cached_property
     def shared_counters(self) -> list[int]:
-        """Counters next to a floor cell of every agent's start region (where random contents may lie)."""
-        w, h = self.width, self.height
+        """Counters next to a floor cell of every agent's start region (where random contents may lie); static,
+        so computed once."""
         regions = [set(self.regions[s]) for s in self.agent_starts]
         return [c for c in self.counters
-                if all(any(n in region for n in (c - w, c + w, c - 1, c + 1) if 0 <= n < w * h) for region in regions)]
+                if all(any(n in region for n in self.neighbour_cells(c)) for region in regions)]
 
     def reset_objects(self, rng: np.random.Generator) -> None:
         self.held: list[str | None] = [None] * self.n_agents
@@ -811,7 +808,7 @@ class Kitchen(Game):
         self.served = 0
         if self.random_contents:
             self.pot_onions = [int(rng.integers(3)) for _ in self.pots]
-            counters = self.shared_counters()
+            counters = self.shared_counters
             for _ in range(min(int(rng.integers(2)), len(counters))):
                 free = [c for c in counters if c not in self.on_counter]
                 self.on_counter[free[int(rng.integers(len(free)))]] = (("onion", "dish")[int(rng.integers(2))], -1)
@@ -957,11 +954,25 @@ if __name__ == "__main__":
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--team", default="coop", choices=["coop", "solo", "random"])
     parser.add_argument("--show", action="store_true", help="print every frame")
+    parser.add_argument("--start-states", type=int, default=0, metavar="N",
+                        help="count the distinct start states of seeds 0..N-1 per split instead of playing")
     cli = parser.parse_args()
+    if cli.start_states < 0:
+        parser.error(f"--start-states {cli.start_states}: expected an integer >= 0")
     try:
         import options
 
         game = make_game(cli.game, cli.layout, cli.seed)
+        if cli.start_states:
+            keys = set()
+            for seed in range(cli.start_states):
+                game.reset(seed)
+                keys.add(game.start_key())
+            per_split = {split: sum(split_of(k) == split for k in keys) for split in SPLITS}
+            counts = ", ".join(f"{split} {n}" for split, n in per_split.items())
+            print(f"{cli.game}/{game.layout_name}: {len(keys)} distinct start states over seeds "
+                  f"0..{cli.start_states - 1} ({counts})")
+            sys.exit(0)
         result = options.play_scripted(game, cli.team, cli.seed, show=cli.show)
     except (ValueError, OSError) as e:
         sys.exit(f"error: {e}")

@@ -362,7 +362,7 @@ def test_kitchen_random_contents_vary_the_start_and_keep_the_scripted_team_at_th
         pots.add(game.pot_onions[0])
         counters += bool(game.on_counter)
         assert all(placer == -1 and item in ("onion", "dish") for item, placer in game.on_counter.values())
-        assert set(game.on_counter) <= set(game.shared_counters())
+        assert set(game.on_counter) <= set(game.shared_counters)
     assert pots == {0, 1, 2} and 50 < counters < 150
     for layout in envs.Kitchen.layouts:
         for seed in envs.split_seeds(envs.make_game("kitchen", layout), "test", 25):

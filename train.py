@@ -596,13 +596,17 @@ def run_sweep(args: Args, given: set[str], argv: list[str]) -> str:
                 failed[seed] = f"exit {proc.returncode}: {line}"
                 print(f"seed {seed}: FAILED ({failed[seed]})", flush=True)
     summary = sweep_summary(out, plan)
-    print(f"sweep {out}: {summary['competent']}/{summary['seeds']} seeds competent; selected test score mean "
-          f"{summary['selected_test_score']['mean']:.3f} (95% CI {summary['selected_test_score']['ci95']}); "
-          f"{out}/summary.md", flush=True)
+    print(f"sweep {out}: {summary['competent']}/{summary['seeds']} seeds competent; selected test score, mean "
+          f"[95% CI]: {mean_ci(summary['selected_test_score'])}; {out}/summary.md", flush=True)
     if failed:
         raise ArgError(f"sweep {out}: seed(s) {', '.join(map(str, failed))} failed; their logs are in "
                        f"{out}/seedK/train.log; fix the cause and pass --resume {out}")
     return out
+
+
+def mean_ci(stat: dict) -> str:
+    """'0.850 [0.700, 1.000]' from a summary's {"mean", "ci95"}; '-' when no seed finished."""
+    return "-" if stat["mean"] is None else f"{stat['mean']:.3f} [{stat['ci95'][0]:.3f}, {stat['ci95'][1]:.3f}]"
 
 
 def sweep_summary(out: str, plan: dict) -> dict:
@@ -633,14 +637,10 @@ def sweep_summary(out: str, plan: dict) -> dict:
     summary["runs"] = rows
     write_json(os.path.join(out, "summary.json"), summary)
 
-    def ci(key: str) -> str:
-        s = summary[key]
-        return "-" if s["mean"] is None else f"{s['mean']:.3f} [{s['ci95'][0]:.3f}, {s['ci95'][1]:.3f}]"
-
     lines = [f"# Sweep {out}", "", f"`python train.py {summary['flags']} --seeds {plan['seeds_text']}`", "",
              f"**{summary['competent']}/{summary['seeds']} seeds competent** ({summary['competent_means']}); "
-             f"mean test score with a 95% bootstrap CI over seeds: selected {ci('selected_test_score')}, "
-             f"last {ci('last_test_score')}.", "",
+             f"mean test score with a 95% bootstrap CI over seeds: selected {mean_ci(summary['selected_test_score'])}, "
+             f"last {mean_ci(summary['last_test_score'])}.", "",
              "| seed | selected test score (iteration) | last test score | scripted | competent | test states | "
              "wall clock |", "| --- | --- | --- | --- | --- | --- | --- |"]
     for r in rows:
