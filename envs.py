@@ -30,8 +30,13 @@ Run `python envs.py --game kitchen --show` to watch the scripted team play (see 
 
 from __future__ import annotations
 
+import argparse
+import contextlib
 import functools
 import hashlib
+import math
+import os
+import sys
 
 import numpy as np
 
@@ -40,7 +45,12 @@ DIRECTIONS = ("north", "south", "west", "east")  # action index = DIRECTIONS.ind
 TRUE_WORDS, FALSE_WORDS = ("yes", "true", "1"), ("no", "false", "0")
 
 
-class LayoutError(ValueError):
+class InputError(ValueError):
+    """A bad command-line value, input file or output path; the message names it, says what is wrong and what
+    is accepted (see PLUMBING at the end of this file)."""
+
+
+class LayoutError(InputError):
     """A layout that cannot be parsed; the message names the line, column and what is expected."""
 
 
@@ -155,6 +165,7 @@ class Game:
     default_layout = ""
     solo_layouts: tuple[str, ...] = ()  # built-in layouts where one agent can earn the maximum reward
     movement = "blocking"  # the movement rule of resolve_moves: "lb-foraging", "overcooked" or "blocking"
+    players = 2  # agents a layout of the game must have (prompts, options and audits are written for two)
 
     def __init__(self, layout: str | None = None, seed: int = 0):
         layout = layout or self.default_layout
@@ -163,12 +174,13 @@ class Game:
         elif "\n" in layout:
             self.layout_name, text = "custom", layout
         else:
-            try:
-                with open(layout) as f:
-                    self.layout_name, text = layout, f.read()
-            except OSError:
+            if not os.path.isfile(layout):
                 raise LayoutError(f"unknown layout '{layout}' for game '{self.name}'; expected one of "
-                                  f"{', '.join(self.layouts)} or a layout file path") from None
+                                  f"{', '.join(self.layouts)} or a layout file path")
+            try:
+                self.layout_name, text = layout, read_text(layout, f"a {self.name} layout file (see envs.py)")
+            except InputError as error:
+                raise LayoutError(f"layout {error}") from None
         self.rows, self.options = parse_layout(text, self.legend, self.keys, self.layout_name)
         self.height, self.width = len(self.rows), len(self.rows[0])
         w = self.width
@@ -255,6 +267,15 @@ class Game:
     def occupied_cells(self) -> set[int]:
         """Cells no agent may start on (boxes, food)."""
         return set()
+
+    def unsolvable(self) -> str | None:
+        """Why the layout's full reward can never be earned (an object out of every agent's reach, a food above
+        the levels that can reach it, ...), or None. A static reachability test over the map (per game)."""
+        return None
+
+    def where(self, cell: int) -> str:
+        r, c = self.rc(cell)
+        return f"line {r + 1} column {c + 1}"
 
     @property
     def max_reward(self) -> float:
@@ -456,6 +477,29 @@ class CoopPush(Game):
     def default_max_steps(self) -> int:
         return 60
 
+    def unsolvable(self) -> str | None:
+        """Each box must reach cells that are all goal cells by pushes whose pusher cells agents can walk to
+        (other boxes ignored: they can be moved); a heavy box moves only north or south (two pushers side by
+        side; a row holds one pusher behind it)."""
+        reach = set().union(*map(set, self.regions.values()))
+        for k, box in enumerate(self.box_starts):
+            heavy = self.box_heavy[k]
+            seen, frontier, delivered = {box}, [box], False
+            while frontier and not delivered:
+                cells = frontier.pop()
+                delivered = all(self.goal[c] for c in cells)
+                for a in (1, 2) if heavy else (1, 2, 3, 4):
+                    new = tuple(c + self.delta[a] for c in cells)
+                    pushers = [c - self.delta[a] for c in cells] if heavy else [cells[0] - self.delta[a]]
+                    if new not in seen and not any(self.wall[c] for c in new) and all(p in reach for p in pushers):
+                        seen.add(new)
+                        frontier.append(new)
+            if not delivered:
+                kind = "heavy box" if heavy else "small box"
+                return (f"the {kind} at {self.where(box[0])} can never be pushed onto goal cells from cells the "
+                        "agents can reach")
+        return None
+
     def reset_objects(self, rng: np.random.Generator) -> None:
         self.boxes = [tuple(b) for b in self.box_starts]  # cells of each box
         self.delivered = [False] * len(self.boxes)
@@ -602,6 +646,24 @@ class Forage(Game):
 
     def default_max_steps(self) -> int:
         return 50
+
+    def unsolvable(self) -> str | None:
+        """Every food (with random_food: every cell food may spawn on) must be next to cells that agents whose
+        levels sum to the food's level can walk to."""
+        regions = [set(self.regions[s]) for s in self.agent_starts]
+        w, h = self.width, self.height
+        spots = ([c for c in range(w * h) if not self.wall[c] and 0 < c // w < h - 1 and 0 < c % w < w - 1]
+                 if self.random_food else self.food_starts)
+        needed = max(self.food_levels) if self.random_food else None
+        for k, cell in enumerate(spots):
+            level = sum(lv for lv, region in zip(self.agent_levels, regions)
+                        if any(n in region and n != cell for n in self.neighbours[cell]))
+            food_level = needed if self.random_food else self.food_levels[k]
+            if level < food_level:
+                food = "food may spawn" if self.random_food else "the food is"
+                return (f"{food} at {self.where(cell)} with level {food_level}, but the agents that can reach it "
+                        f"sum to level {level}")
+        return None
 
     def setup(self) -> None:
         self.wall = [ch == "#" for ch in self.cells]
@@ -768,6 +830,36 @@ class Kitchen(Game):
 
     def default_max_steps(self) -> int:
         return 100
+
+    def unsolvable(self) -> str | None:
+        """Some pot must get onions from an onion dispenser and a dish from a dish dispenser, and its soup must
+        get to a serving window: each carried by an agent that reaches both ends, or handed between agents over
+        counters both reach."""
+        regions = [set(self.regions[s]) for s in self.agent_starts]
+
+        def users(cell: int) -> set[int]:
+            return {i for i, region in enumerate(regions) if any(n in region for n in self.neighbour_cells(cell))}
+
+        passes = {i: {i} for i in range(len(regions))}  # passes[i]: agents an item held by i can end up with
+        for c in self.counters:
+            for i in users(c):
+                passes[i] |= users(c)
+        for _ in regions:  # transitive closure over counters
+            passes = {i: set().union(*(passes[j] for j in js)) for i, js in passes.items()}
+
+        def carried(sources: list[int], target: int) -> bool:
+            return any(j in passes[i] for s in sources for i in users(s) for j in users(target))
+
+        for stations, what in ((self.onion_dispensers, "onion dispenser"), (self.dish_dispensers, "dish dispenser"),
+                               (self.pots, "pot"), (self.windows, "serving window")):
+            if not any(users(c) for c in stations):
+                return f"every {what} (e.g. at {self.where(stations[0])}) is out of every agent's reach"
+        for pot in self.pots:
+            if carried(self.onion_dispensers, pot) and carried(self.dish_dispensers, pot) and \
+                    any(carried([pot], s) for s in self.windows):
+                return None
+        return ("no pot can get onions and a dish and send its soup to a serving window through the agents' "
+                "reach and shared counters")
 
     def setup(self) -> None:
         cells = self.cells
@@ -937,11 +1029,133 @@ class Kitchen(Game):
 GAMES: dict[str, type[Game]] = {"coop_push": CoopPush, "forage": Forage, "kitchen": Kitchen}
 
 
+# ----------------------------------------------------------------------------- PLUMBING: command lines and files
+# Shared by every CLI (envs.py, guards.py, audit.py, bench.py, train.py), so each treats bad input the same way:
+# one line on stderr that names the input, what is wrong and what is accepted; exit code 2; and every file is
+# written whole (a temporary file, then a rename) or not at all, so a failure never damages what was there.
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse with prefixes of flags refused (`--gamm 0.9` is an error, never --gamma) and errors raised as
+    InputError (run_cli prints them as one line, exit code 2) instead of a usage block."""
+
+    def __init__(self, **kwargs):
+        super().__init__(allow_abbrev=False, **kwargs)
+
+    def error(self, message: str):
+        raise InputError(message.removeprefix("argument ") + " (see --help)")
+
+
+def number(low: float = -math.inf, high: float = math.inf, integer: bool = False, low_open: bool = False,
+           high_open: bool = False):
+    """An argparse `type`: a finite number (an integer if `integer`) in [low, high] (open ends if asked);
+    anything else is refused with the accepted range."""
+    lo, hi = ("(" if low_open else "[") + f"{low:g}", f"{high:g}" + (")" if high_open else "]")
+    accepted = ("an integer" if integer else "a finite number") + (
+        f" in {lo}, {hi}" if math.isfinite(high) else f" {'>' if low_open else '>='} {low:g}" if math.isfinite(low)
+        else "")
+
+    def parse(text: str):
+        try:
+            value = int(text) if integer else float(text)
+        except ValueError:
+            value = math.nan
+        ok = math.isfinite(value) and (value > low if low_open else value >= low) and (
+            value < high if high_open else value <= high)
+        if not ok:
+            raise argparse.ArgumentTypeError(f"{text!r}: expected {accepted}")
+        return value
+
+    parse.accepted = accepted
+    return parse
+
+
+def one_line(error: BaseException) -> str:
+    """An exception as one line: an OSError names its file and reason; others keep their first line."""
+    if isinstance(error, OSError) and error.strerror:
+        where = f"{error.filename}: " if error.filename is not None else ""
+        return f"{where}{error.strerror}"
+    text = str(error).strip().splitlines()
+    return text[0] if text else type(error).__name__
+
+
+def run_cli(main, argv=None, errors: tuple = ()) -> None:
+    """Run a CLI's `main(argv)`: bad input (InputError, the module's own error classes in `errors`, OSError,
+    UnicodeError) becomes `error: ...` on one line and exit code 2; anything else too, flagged as unexpected
+    (PAMAGRPO_TRACEBACK=1 shows the traceback); Ctrl-C exits with 130."""
+    try:
+        main(argv)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        sys.exit(130)
+    except Exception as error:
+        if os.environ.get("PAMAGRPO_TRACEBACK"):
+            raise
+        known = isinstance(error, (InputError, LayoutError, OSError, UnicodeError, *errors))
+        prefix = "" if known else f"unexpected {type(error).__name__} (a bug? PAMAGRPO_TRACEBACK=1 shows where): "
+        print(f"error: {prefix}{one_line(error)}", file=sys.stderr)
+        sys.exit(2)
+
+
+def write_file(path: str, data: str | bytes) -> None:
+    """Write a whole file or nothing: a temporary file beside `path` (named per process, so concurrent writers
+    never mix bytes), then a rename. On a failure (disk full, no permission) the temporary file is removed, the
+    previous file is unchanged, and InputError names the path."""
+    tmp = f"{path}.{os.getpid()}.tmp"
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data if isinstance(data, bytes) else data.encode())
+        os.replace(tmp, path)
+    except OSError as error:
+        with contextlib.suppress(OSError):
+            os.remove(tmp)
+        raise InputError(f"cannot write {path} ({error.strerror or error}); the previous file, if any, is "
+                         "unchanged; expected a writable folder with free space") from None
+
+
+def read_text(path: str, what: str, limit: int = 1_000_000) -> str:
+    """A UTF-8 text file of at most `limit` bytes, or InputError naming the file, what is wrong and what is
+    expected (`what`: e.g. 'a layout file')."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read(limit + 1)
+    except OSError as error:
+        raise InputError(f"cannot read {path} ({error.strerror or error}); expected {what}") from None
+    if len(data) > limit:
+        raise InputError(f"{path} is larger than {limit:,} bytes; expected {what}")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise InputError(f"{path} is not UTF-8 text (byte {data[error.start]:#04x} at offset {error.start}); "
+                         f"expected {what}") from None
+
+
 def make_game(name: str, layout: str | None = None, seed: int = 0) -> Game:
     """Build a game by name; an unknown name raises ValueError listing the accepted ones."""
     if name not in GAMES:
-        raise ValueError(f"unknown game '{name}'; expected one of {', '.join(GAMES)}")
-    return GAMES[name](layout, seed)
+        raise InputError(f"unknown game '{name}'; expected one of {', '.join(GAMES)}")
+    game = GAMES[name](layout, seed)
+    check_layout(game)
+    return game
+
+
+CHECKED_LAYOUTS: set[tuple] = set()  # layouts check_layout has passed (it runs once per layout and process)
+
+
+def check_layout(game: Game) -> None:
+    """A layout the game's rules are defined for: its number of agents, and every reward reachable
+    (Game.unsolvable), so no run is scored against reward it can never earn. The game classes alone accept
+    any agent count (the movement rules are tested with three)."""
+    key = (game.name, game.rows, tuple(sorted(game.options.items())))
+    if key in CHECKED_LAYOUTS:
+        return
+    if game.n_agents != game.players:
+        raise LayoutError(f"layout '{game.layout_name}': {in_words(game.n_agents, 'agent')}; {game.name} is "
+                          f"defined for {game.players}; expected the digits 1 to {game.players}, each once")
+    reason = game.unsolvable()
+    if reason:
+        raise LayoutError(f"layout '{game.layout_name}': cannot be solved: {reason}")
+    CHECKED_LAYOUTS.add(key)
 
 
 if __name__ == "__main__":

@@ -32,7 +32,7 @@ COOP_NECESSARY = [("coop_push", "heavy_only"), ("forage", "8x8_coop"), ("kitchen
 
 
 def test_heavy_box_needs_two_pushers_in_the_same_step():
-    game = envs.make_game("coop_push", "#####\n#ggg#\n#.HH#\n#.12#\n#####\n")
+    game = envs.GAMES["coop_push"]("#####\n#ggg#\n#.HH#\n#.12#\n#####\n")
     reward, term, trunc, events = game.step([N, STAY])  # one pusher: the heavy box stays
     assert (reward, events) == (0.0, []) and game.boxes[0] == (12, 13) and game.pos == [17, 18]
     reward, term, trunc, events = game.step([N, N])  # two pushers, same direction: it moves onto the goal
@@ -42,13 +42,13 @@ def test_heavy_box_needs_two_pushers_in_the_same_step():
 
 
 def test_heavy_box_does_not_move_when_pushers_disagree():
-    game = envs.make_game("coop_push", "######\n#gggg#\n#....#\n#1HH2#\n#....#\n######\n")
+    game = envs.GAMES["coop_push"]("######\n#gggg#\n#....#\n#1HH2#\n#....#\n######\n")
     game.step([E, W])  # pushing from both sides: nothing moves
     assert game.boxes[0] == (20, 21) and game.pos == [19, 22]
 
 
 def test_small_box_push_delivery_and_blocking():
-    game = envs.make_game("coop_push", "#####\n#ggg#\n#.b.#\n#.1.#\n#b..#\n#####\nmax_steps: 5\n")
+    game = envs.GAMES["coop_push"]("#####\n#ggg#\n#.b.#\n#.1.#\n#b..#\n#####\nmax_steps: 5\n")
     reward, _, _, events = game.step([N])
     assert reward == 10.0 and events == [("box_toward_goal", (0,), 0), ("box_delivered", (0,), 0)]
     assert game.delivered[0] and game.pos == [12]
@@ -59,7 +59,7 @@ def test_small_box_push_delivery_and_blocking():
 
 
 def test_terminated_and_truncated_are_separate():
-    game = envs.make_game("coop_push", "#####\n#ggg#\n#.b.#\n#.1.#\n#...#\n#####\nmax_steps: 2\n")
+    game = envs.GAMES["coop_push"]("#####\n#ggg#\n#.b.#\n#.1.#\n#...#\n#####\nmax_steps: 2\n")
     assert game.step([STAY])[1:3] == (False, False)
     assert game.step([STAY])[1:3] == (False, True)
     game.reset(0)
@@ -98,7 +98,7 @@ def test_movement_follow_and_swap_per_game():
     game.step([E, W])
     assert game.pos == [7, 8] and game.facing == [E, W]  # the moves still turn the agents
     # coop_push (its own rule): a cell occupied at the start of the step cannot be entered, so no following
-    game = envs.make_game("coop_push", "#######\n#ggggg#\n#....b#\n#12...#\n#######\n")
+    game = envs.GAMES["coop_push"]("#######\n#ggggg#\n#....b#\n#12...#\n#######\n")
     game.step([E, E])
     assert game.pos == [22, 24]
     game.step([E, W])  # 22 -> 23 and 24 -> 23: same target, both stay
@@ -108,11 +108,11 @@ def test_movement_follow_and_swap_per_game():
 def test_movement_rules_with_three_agents():
     # lb-foraging would put agents 1 and 2 on one cell: 2 and 3 collide on cell 8 and stay, while 1 enters
     # cell 7, which 2 never left. Here 1 stays too (Game.resolve_moves)
-    game = envs.make_game("forage", "f....\n.12.3\n.....\n")
+    game = envs.Forage("f....\n.12.3\n.....\n")  # the game classes take any agent count; make_game wants 2
     game.step([E, E, W])
     assert game.pos == [6, 7, 9]
     # Overcooked-AI: one collision anywhere stops every agent, even one moving into free floor
-    game = envs.make_game("kitchen", "XXXPXX\nO123 S\nX    X\nXXXDXX\n")
+    game = envs.Kitchen("XXXPXX\nO123 S\nX    X\nXXXDXX\n")
     game.step([E, STAY, S])
     assert game.pos == [7, 8, 9]
     game.step([STAY, STAY, S])
@@ -188,13 +188,13 @@ def test_forage_spawn_spacing_follows_lb_foraging():
 
 def test_forage_loader_next_to_two_foods_loads_one():
     # lb-foraging's adjacent_food_location: a loader takes the first adjacent food north, south, west, east
-    game = envs.make_game("forage", "f1f\n...\nagent_levels: 2\nfood_levels: 1 1\n")
+    game = envs.GAMES["forage"]("f1f\n...\nagent_levels: 2\nfood_levels: 1 1\n")
     reward, term, _, events = game.step([INTERACT])
     assert reward == 0.5 and not term and events == [("food_loaded", (0,), 0)] and game.collected == [True, False]
     reward, term, _, events = game.step([INTERACT])
     assert reward == 0.5 and term and events == [("food_loaded", (0,), 1)]
     # agent 1 takes part in one attempt only (on food 1, west of it), so agent 2 alone cannot lift food 2
-    game = envs.make_game("forage", ".....\nf1f2.\n.....\nagent_levels: 1 1\nfood_levels: 1 2\n")
+    game = envs.GAMES["forage"](".....\nf1f2.\n.....\nagent_levels: 1 1\nfood_levels: 1 2\n")
     reward, _, _, events = game.step([INTERACT, INTERACT])
     assert reward == pytest.approx(1 / 3) and events == [("food_loaded", (0,), 0)] and game.collected == [True, False]
 
@@ -206,20 +206,20 @@ def test_forage_level_sums_and_joint_load():
     assert reward == 0.0 and events == [] and not game.collected[0]
     reward, term, _, events = game.step([INTERACT, INTERACT])  # 1 + 1 >= 2
     assert reward == 1.0 and term and events == [("food_loaded", (0, 1), 0), ("joint_load", (0, 1), 0)]
-    game = envs.make_game("forage", ".....\n.1f..\n..f..\nagent_levels: 2\nfood_levels: 1 3\n")
+    game = envs.GAMES["forage"](".....\n.1f..\n..f..\nagent_levels: 2\nfood_levels: 1 3\n")
     reward, term, _, events = game.step([INTERACT])
     assert reward == pytest.approx(0.25) and not term and events == [("food_loaded", (0,), 0)]
 
 
 def test_food_blocks_movement():
-    game = envs.make_game("forage", "1f.\n...\n")
+    game = envs.GAMES["forage"]("1f.\n...\n")
     game.step([E])
     assert game.pos == [0]
 
 
 def kitchen_line():
     # one row of floor: onion dispenser west, pot north, dish dispenser south, window east
-    return envs.make_game("kitchen", "XXPXX\nO 1 S\nXXDXX\ncook_time: 2\n")
+    return envs.GAMES["kitchen"]("XXPXX\nO 1 S\nXXDXX\ncook_time: 2\n")
 
 
 def test_soup_cycle():
@@ -243,7 +243,7 @@ def test_soup_cycle():
 
 
 def test_counter_handoff_is_attributed_to_both():
-    game = envs.make_game("kitchen", "XXPXX\nO1X2S\nXXDXX\n")
+    game = envs.GAMES["kitchen"]("XXPXX\nO1X2S\nXXDXX\n")
     game.step([STAY, STAY])
     game.step([W, STAY])
     game.step([INTERACT, STAY])  # agent 1 takes an onion
@@ -257,7 +257,7 @@ def test_counter_handoff_is_attributed_to_both():
 
 
 def test_views_name_you_and_partner_and_state_relations():
-    game = envs.make_game("coop_push", "#####\n#ggg#\n#.b.#\n#.1.#\n#2..#\n#####\n")
+    game = envs.GAMES["coop_push"]("#####\n#ggg#\n#.b.#\n#.1.#\n#2..#\n#####\n")
     view = game.view(0)
     assert "Partner: 1 south 1 west." in view
     assert "Box 1 (small): 1 north, 1 row from goal; you are directly south of it." in view
@@ -288,7 +288,7 @@ def test_malformed_layouts_other_games_and_unknown_names(tmp_path):
     with pytest.raises(ValueError, match="unknown game 'chess'; expected one of coop_push, forage, kitchen"):
         envs.make_game("chess")
     path = tmp_path / "room.txt"
-    path.write_text("#####\n#ggg#\n#.b.#\n#.1.#\n#####\n")
+    path.write_text("#####\n#ggg#\n#.b.#\n#21.#\n#####\n")
     assert envs.make_game("coop_push", str(path)).layout_name == str(path)
 
 
@@ -339,7 +339,7 @@ def test_start_state_splits_are_disjoint_by_key_and_distinct():
 def test_a_layout_short_of_start_states_says_so_and_uses_all_it_has(capsys):
     import train
 
-    game = envs.make_game("coop_push", "#####\n#ggg#\n#.b.#\n#...#\n#1.2#\n#####\nrandom_starts: yes\n")
+    game = envs.GAMES["coop_push"]("#####\n#ggg#\n#.b.#\n#...#\n#1.2#\n#####\nrandom_starts: yes\n")
     keys = set()
     for seed in range(3000):
         game.reset(seed)
@@ -348,7 +348,7 @@ def test_a_layout_short_of_start_states_says_so_and_uses_all_it_has(capsys):
     assert len(keys) == 56 and 0 < n_test < 20
     seeds = train.held_out_seeds(game, "test", 20)
     assert len(seeds) == n_test and f"only {n_test} distinct test start states" in capsys.readouterr().out
-    fixed = envs.make_game("coop_push", "#####\n#ggg#\n#.b.#\n#1.2#\n#####\n")  # one start state in all
+    fixed = envs.GAMES["coop_push"]("#####\n#ggg#\n#.b.#\n#1.2#\n#####\n")  # one start state in all
     split = envs.split_of(fixed.start_key())
     with pytest.raises(train.ArgError, match="start state"):
         train.held_out_seeds(fixed, "test" if split != "test" else "validation", 5)
@@ -370,7 +370,7 @@ def test_kitchen_random_contents_vary_the_start_and_keep_the_scripted_team_at_th
 
 
 def test_taking_an_item_that_lay_on_the_counter_from_the_start_is_no_handoff():
-    game = envs.make_game("kitchen", "XXPXX\nO1X2S\nXXDXX\n")
+    game = envs.GAMES["kitchen"]("XXPXX\nO1X2S\nXXDXX\n")
     game.on_counter[7] = ("onion", -1)
     game.step([E, STAY])  # agent 1 faces the middle counter
     _, _, _, ev = game.step([INTERACT, STAY])
@@ -485,7 +485,7 @@ def test_runner_is_asynchronous_and_records_executions():
 
 
 def test_options_report_failure_with_reasons():
-    game = envs.make_game("forage", ".....\n.1f2.\n.....\nagent_levels: 1 1\nfood_levels: 2\n")
+    game = envs.GAMES["forage"](".....\n.1f2.\n.....\nagent_levels: 1 1\nfood_levels: 2\n")
     lib = options.make_library(game)
     runner = options.Runner(game, lib)
     load = lib.pick(lib.ground(game, 0), "load", 0)
@@ -783,7 +783,7 @@ def test_audit_shares_without_events_are_zero():
 
 def test_audit_of_a_tiny_layout_matches_hand_computation():
     # the heavy box is one push from the goal and both agents stand under it: one joint push delivers it
-    game = envs.make_game("coop_push", "#####\n#ggg#\n#.HH#\n#.12#\n#####\nmax_steps: 20\n")
+    game = envs.GAMES["coop_push"]("#####\n#ggg#\n#.HH#\n#.12#\n#####\nmax_steps: 20\n")
     library = options.make_library(game)
     m = audit.audit_team(game, library, [options.scripted_choice(False)] * 2, [0, 1])
     assert (m["score"], m["steps"], m["joint_events_per_episode"], m["overlap_fraction"]) == (1.0, 1.0, 1.0, 1.0)
