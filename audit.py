@@ -46,7 +46,8 @@ wrote at its final evaluation; test: `pytest test_all.py -k audit`.
 
 from __future__ import annotations
 
-import argparse
+import os
+import re
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -366,22 +367,38 @@ def plot_over_training(records: list[dict], path: str, prefix: str = "") -> None
     bottom.set_xlabel("training iteration")
     bottom.legend(loc="best", fontsize="small")
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
+    save_figure(fig, path, dpi=100)
+
+
+def save_figure(fig, path: str, **kwargs) -> None:
+    """A matplotlib figure written whole or not at all (envs.write_file), then closed."""
+    import io
+
+    import matplotlib.pyplot as plt
+
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format=path.rsplit(".", 1)[-1], **kwargs)
+    plt.close(fig)
+    envs.write_file(path, buffer.getvalue())
 
 
 def load_run(run_dir: str, model: str | None = None, device: str | None = None):
     """(config, game_factory, library, guards or None, policy) of a train.py run folder."""
     import json
-    import os
 
     import guards as guard_lib
     import policy as policy_lib
 
+    path = os.path.join(run_dir, "config.json")
     try:
-        with open(os.path.join(run_dir, "config.json")) as f:
-            config = json.load(f)
-    except (OSError, json.JSONDecodeError) as e:
-        raise ValueError(f"{run_dir}: no readable config.json ({e}); expected a run folder of train.py") from None
+        config = json.loads(envs.read_text(path, "a run folder of train.py"))
+    except (envs.InputError, json.JSONDecodeError) as e:
+        raise envs.InputError(f"{run_dir}: no readable config.json ({envs.one_line(e)}); expected a run folder of "
+                              "train.py") from None
+    needed = ("game", "layout", "action_mode", "device", "dtype", "model", "lora_rank", "lora_alpha", "lora_targets",
+              "scoring", "seed")
+    if not isinstance(config, dict) or any(k not in config for k in needed):
+        raise envs.InputError(f"{path} is not a config of train.py (it needs {', '.join(needed)})")
     probe = envs.make_game(config["game"], config["layout"], 0)
     library = make_library(probe, config["action_mode"], config.get("feedback", "none") == "failures")
     guards = None
@@ -410,7 +427,6 @@ def audit_run(run_dir: str, episodes: int, temperature: float = 0.0, device: str
     into the run folder, or audit_T{temperature}.* when the teams are sampled, so a greedy audit already there
     is kept."""
     import json
-    import os
 
     import pamagrpo
 
@@ -422,7 +438,8 @@ def audit_run(run_dir: str, episodes: int, temperature: float = 0.0, device: str
     menu_filter = guards.menu_filter if guards else None
     names = [f"agent{i}" for i in range(game_factory().n_agents)]
     snap_dir = os.path.join(run_dir, "snapshots")
-    snapshots = sorted(os.listdir(snap_dir)) if os.path.isdir(snap_dir) else []
+    found = os.listdir(snap_dir) if os.path.isdir(snap_dir) else []
+    snapshots = sorted(n for n in found if re.fullmatch(r"iter_\d+", n))  # stray files are not snapshots
     rows = [{"iteration": 0, "team": "frozen base", "temperature": temperature,
              **audit_llm_team(policy, game_factory, library, [None] * len(names), seeds, menu_filter,
                               temperature=temperature)}]
@@ -434,8 +451,7 @@ def audit_run(run_dir: str, episodes: int, temperature: float = 0.0, device: str
                                       temperature=temperature)})
         print(table(rows[-1:]), flush=True)
     stem = os.path.join(run_dir, "audit" if temperature <= 0 else f"audit_T{temperature:g}")
-    with open(stem + ".jsonl", "w") as f:
-        f.writelines(json.dumps(r) + "\n" for r in rows)
+    envs.write_file(stem + ".jsonl", "".join(json.dumps(r) + "\n" for r in rows))
     columns = ["iteration", "team"] + default_columns(len(names))
     played = "greedy" if temperature <= 0 else f"sampled at temperature {temperature:g}"
     text = [f"# Audit of {run_dir} ({config['game']}/{config['layout']}, {len(seeds)} distinct test start states, "
@@ -445,8 +461,7 @@ def audit_run(run_dir: str, episodes: int, temperature: float = 0.0, device: str
         chooses = [pamagrpo.llm_choose(policy, n) for n in names]  # the last snapshot is still loaded
         text += ["## Replay (last snapshot, greedy)", "", "```",
                  replay(game_factory(), library, chooses, list(seeds)[0], menu_filter), "```", ""]
-    with open(stem + ".md", "w") as f:
-        f.write("\n".join(text))
+    envs.write_file(stem + ".md", "\n".join(text))
     plot_over_training(rows, stem + ".png")
     return rows
 
@@ -455,7 +470,6 @@ def final_audit_rows(run_dirs: Sequence[str]) -> list[dict]:
     """One row per train.py run folder from the audit it wrote at its final evaluation (audit_final.json),
     with the run's game, layout, model, advantage mode and whether the layout can be solved alone."""
     import json
-    import os
 
     rows = []
     for run_dir in run_dirs:
@@ -464,9 +478,11 @@ def final_audit_rows(run_dirs: Sequence[str]) -> list[dict]:
                 config = json.load(f)
             with open(os.path.join(run_dir, "audit_final.json")) as f:
                 row = json.load(f)
-        except (OSError, json.JSONDecodeError) as e:
-            raise ValueError(f"{run_dir}: no readable config.json and audit_final.json ({e}); expected a run "
-                             "folder of train.py with --audit-episodes > 0") from None
+        except (OSError, json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise envs.InputError(f"{run_dir}: no readable config.json and audit_final.json ({envs.one_line(e)}); "
+                                  "expected a run folder of train.py with --audit-episodes > 0") from None
+        if not isinstance(config, dict) or config.get("game") not in envs.GAMES or not isinstance(row, dict):
+            raise envs.InputError(f"{run_dir}: config.json or audit_final.json is not what train.py writes")
         cls = envs.GAMES[config["game"]]
         rows.append({"game": config["game"], "layout": config["layout"], "model": config["model"],
                      "advantage": config["advantage"], "solo_layout": config["layout"] in cls.solo_layouts, **row})
@@ -474,47 +490,42 @@ def final_audit_rows(run_dirs: Sequence[str]) -> list[dict]:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description="Behavioral audits: who does the work, and what each agent "
-                                                 "is worth counterfactually.")
+    parser = envs.ArgumentParser(description="Behavioral audits: who does the work, and what each agent "
+                                             "is worth counterfactually.")
     parser.add_argument("--reference", action="store_true",
                         help="audit the scripted coop and solo teams on every built-in layout")
     parser.add_argument("--final", nargs="+", metavar="RUN_DIR",
                         help="one table row per run folder from the audit train.py wrote at its final evaluation")
     parser.add_argument("run_dir", nargs="?", help="a train.py run folder: audit its snapshots over training")
-    parser.add_argument("--seeds", type=int, default=10, help="episodes: the first N distinct test start states "
-                                                             "of each layout")
-    parser.add_argument("--temperature", type=float, default=0.0,
+    parser.add_argument("--seeds", type=envs.number(1, 100_000, integer=True), default=10,
+                        help="episodes: the first N distinct test start states of each layout")
+    parser.add_argument("--temperature", type=envs.number(0, 100), default=0.0,
                         help="a run's teams: 0 plays them greedily (audit.*), T > 0 samples at T (audit_T{T}.*)")
     parser.add_argument("--device", default=None, help="a run's audit: cpu, cuda or cuda:N (default: the run's)")
     cli = parser.parse_args(argv)
-    if cli.seeds < 1:
-        parser.exit(2, f"error: --seeds {cli.seeds}: expected an integer >= 1\n")
-    if not 0 <= cli.temperature < float("inf"):  # as train.py's --temperature; NaN fails too
-        parser.exit(2, f"error: --temperature {cli.temperature:g}: expected a finite number >= 0 (0: greedy)\n")
+    if sum(map(bool, (cli.run_dir, cli.final, cli.reference))) > 1:
+        raise envs.InputError("RUN_DIR, --final and --reference are different audits; expected one of them")
     if cli.temperature > 0 and not cli.run_dir:
-        parser.exit(2, "error: --temperature applies to a RUN_DIR audit only (--final reads saved greedy audits, "
-                       "--reference plays scripted teams)\n")
+        raise envs.InputError("--temperature applies to a RUN_DIR audit only (--final reads saved greedy audits, "
+                              "--reference plays scripted teams)")
+    if cli.device is not None and not re.fullmatch(r"cpu|cuda(:\d+)?", cli.device):
+        raise envs.InputError(f"--device {cli.device!r}: expected cpu, cuda or cuda:N")
     if cli.run_dir:
-        import guards as guard_lib
-        import policy as policy_lib
-        try:
-            audit_run(cli.run_dir, cli.seeds, cli.temperature, cli.device)
-        except (ValueError, OSError, guard_lib.GuardError, policy_lib.ModelError) as e:
-            parser.exit(1, f"error: {e}\n")
-        return
-    if cli.final:
-        try:
-            rows = final_audit_rows(cli.final)
-        except ValueError as e:
-            parser.exit(1, f"error: {e}\n")
+        if not os.path.isdir(cli.run_dir):
+            raise envs.InputError(f"{cli.run_dir}: no such folder; expected a run folder of train.py")
+        audit_run(cli.run_dir, cli.seeds, cli.temperature, cli.device)
+    elif cli.final:
+        rows = final_audit_rows(cli.final)
         print(table(rows, ["game", "layout", "solo_layout", "model", "advantage"] + default_columns(2)))
-        return
-    if cli.reference:
+    elif cli.reference:
         columns = ["game", "layout", "team", "solo_layout"] + default_columns(2)
         print(table(reference_audits(cli.seeds), columns))
-        return
-    parser.print_help()
+    else:
+        parser.print_help()
 
 
 if __name__ == "__main__":
-    main()
+    import guards as guard_lib
+    import policy as policy_lib
+
+    envs.run_cli(main, errors=(guard_lib.GuardError, policy_lib.ModelError))

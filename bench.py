@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import time
 
 import numpy as np
@@ -234,34 +235,39 @@ SECTIONS = {"env": (section_env, print_env), "prompts": (section_prompts, print_
             "train": (section_train, print_rows)}
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def main(argv: list[str] | None = None) -> None:
+    parser = envs.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--only", choices=sorted(SECTIONS), help="run one section")
     parser.add_argument("--quick", action="store_true", help="fewer repetitions")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
     parser.add_argument("--models", default=",".join(MODELS), help="comma-separated models of the LLM sections")
     parser.add_argument("--dtypes", default=",".join(DTYPES), help="comma-separated dtypes of the LLM sections")
-    parser.add_argument("--threads", type=int, default=2, help="torch threads")
+    parser.add_argument("--threads", type=envs.number(1, 1024, integer=True), default=2, help="torch threads")
     parser.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N: where the LLM sections run")
     parser.add_argument("--groups", default="1x4", help="train section: comma-separated START_STATESxGROUP_SIZE")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     for dtype in args.dtypes.split(","):
         if dtype not in DTYPES:
-            parser.error(f"--dtypes: unknown dtype {dtype!r}; accepted: {', '.join(DTYPES)}")
+            raise envs.InputError(f"--dtypes {args.dtypes!r}: unknown dtype {dtype!r}; expected a comma-separated "
+                                  f"list of {', '.join(DTYPES)}")
+    if not all(args.models.split(",")):
+        raise envs.InputError(f"--models {args.models!r}: expected comma-separated model names, e.g. tiny,smollm2-135m")
     try:
-        GROUPS[:] = [tuple(int(x) for x in g.split("x")) for g in args.groups.split(",")]
+        groups = [tuple(int(x) for x in g.split("x")) for g in args.groups.split(",")]
     except ValueError:
-        GROUPS[:] = []
-    if not GROUPS or any(len(g) != 2 or min(g) < 1 for g in GROUPS):
-        parser.error(f"--groups {args.groups!r}: expected comma-separated BxG with integers >= 1, e.g. 2x4,8x8")
+        groups = []
+    if not groups or any(len(g) != 2 or not 1 <= min(g) <= max(g) <= 4096 for g in groups):
+        raise envs.InputError(f"--groups {args.groups!r}: expected comma-separated BxG with integers in [1, 4096], "
+                              "e.g. 2x4,8x8")
+    if not re.fullmatch(r"cpu|cuda(:\d+)?", args.device):
+        raise envs.InputError(f"--device {args.device!r}: expected cpu, cuda or cuda:N")
     import torch
 
-    if args.device != "cpu" and not (args.device == "cuda" or args.device.startswith("cuda:")):
-        parser.error(f"--device {args.device!r}: expected cpu, cuda or cuda:N")
     if args.device.startswith("cuda") and not torch.cuda.is_available():
-        parser.error(f"--device {args.device}: no CUDA device is available to torch here; expected cpu")
+        raise envs.InputError(f"--device {args.device}: no CUDA device is available to torch here; expected cpu")
     global DEVICE
     DEVICE = args.device
+    GROUPS[:] = groups
     torch.set_num_threads(args.threads)
     MODELS[:] = args.models.split(",")
     DTYPES[:] = args.dtypes.split(",")
@@ -278,11 +284,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    import sys
-
     import policy as policy_lib
 
-    try:
-        main()
-    except (policy_lib.ModelError, ValueError) as e:
-        sys.exit(f"error: {e}")
+    envs.run_cli(main, errors=(policy_lib.ModelError,))

@@ -1113,6 +1113,31 @@ def write_file(path: str, data: str | bytes) -> None:
                          "unchanged; expected a writable folder with free space") from None
 
 
+def check_output_file(path: str, flag: str) -> None:
+    """Refuse, before any work, an output file path that can never be written: a folder, or a file in a folder
+    that does not exist."""
+    folder = os.path.dirname(path) or "."
+    if os.path.isdir(path):
+        raise InputError(f"{flag} {path}: is a folder; expected a file path")
+    if not os.path.isdir(folder):
+        raise InputError(f"{flag} {path}: the folder {folder} does not exist; expected a file in an existing folder")
+
+
+def check_output_folder(path: str, flag: str) -> None:
+    """Refuse, before any work, an output folder that can never be written: an existing file, or a path that
+    cannot be created (created here, empty, when missing)."""
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise InputError(f"{flag} {path}: is a file; expected a folder (new or existing)")
+    try:
+        os.makedirs(path, exist_ok=True)
+        probe = os.path.join(path, f".write-test.{os.getpid()}")
+        with open(probe, "w"):
+            pass
+        os.remove(probe)
+    except OSError as error:
+        raise InputError(f"{flag} {path}: cannot write there ({error.strerror}); expected a writable folder") from None
+
+
 def read_text(path: str, what: str, limit: int = 1_000_000) -> str:
     """A UTF-8 text file of at most `limit` bytes, or InputError naming the file, what is wrong and what is
     expected (`what`: e.g. 'a layout file')."""
@@ -1158,37 +1183,33 @@ def check_layout(game: Game) -> None:
     CHECKED_LAYOUTS.add(key)
 
 
-if __name__ == "__main__":
-    import argparse
-    import sys
+def main(argv: list[str] | None = None) -> None:
+    import options  # the scripted teams live with the options they play
 
-    parser = argparse.ArgumentParser(description="Show a game played by its scripted team (see options.py).")
-    parser.add_argument("--game", default="coop_push")
-    parser.add_argument("--layout", default=None)
-    parser.add_argument("--seed", type=int, default=0)
+    parser = ArgumentParser(description="Show a game played by its scripted team (see options.py).")
+    parser.add_argument("--game", default="coop_push", choices=list(GAMES))
+    parser.add_argument("--layout", default=None, help="a built-in layout name or a layout file")
+    parser.add_argument("--seed", type=number(0, integer=True), default=0)
     parser.add_argument("--team", default="coop", choices=["coop", "solo", "random"])
     parser.add_argument("--show", action="store_true", help="print every frame")
-    parser.add_argument("--start-states", type=int, default=0, metavar="N",
+    parser.add_argument("--start-states", type=number(0, 10_000_000, integer=True), default=0, metavar="N",
                         help="count the distinct start states of seeds 0..N-1 per split instead of playing")
-    cli = parser.parse_args()
-    if cli.start_states < 0:
-        parser.error(f"--start-states {cli.start_states}: expected an integer >= 0")
-    try:
-        import options
-
-        game = make_game(cli.game, cli.layout, cli.seed)
-        if cli.start_states:
-            keys = set()
-            for seed in range(cli.start_states):
-                game.reset(seed)
-                keys.add(game.start_key())
-            per_split = {split: sum(split_of(k) == split for k in keys) for split in SPLITS}
-            counts = ", ".join(f"{split} {n}" for split, n in per_split.items())
-            print(f"{cli.game}/{game.layout_name}: {len(keys)} distinct start states over seeds "
-                  f"0..{cli.start_states - 1} ({counts})")
-            sys.exit(0)
-        result = options.play_scripted(game, cli.team, cli.seed, show=cli.show)
-    except (ValueError, OSError) as e:
-        sys.exit(f"error: {e}")
+    cli = parser.parse_args(argv)
+    game = make_game(cli.game, cli.layout, cli.seed)
+    if cli.start_states:
+        keys = set()
+        for seed in range(cli.start_states):
+            game.reset(seed)
+            keys.add(game.start_key())
+        per_split = {split: sum(split_of(k) == split for k in keys) for split in SPLITS}
+        counts = ", ".join(f"{split} {n}" for split, n in per_split.items())
+        print(f"{cli.game}/{game.layout_name}: {len(keys)} distinct start states over seeds "
+              f"0..{cli.start_states - 1} ({counts})")
+        return
+    result = options.play_scripted(game, cli.team, cli.seed, show=cli.show)
     print(f"{cli.game}/{game.layout_name} team={cli.team} seed={cli.seed}: reward {result.total_reward:g}, "
           f"score {result.score:.2f}, steps {result.steps}")
+
+
+if __name__ == "__main__":
+    run_cli(main)

@@ -157,12 +157,17 @@ class Guards:
         return kept or [o for o in menu if o.kind == "wait"] or [self.library.wait()]
 
     def save(self, path: str) -> None:
-        """Write atomically (a temporary file renamed into place), so a crash never leaves half a file; the
-        temporary name is per process, so runs of a sweep that write the same cache entry never mix bytes."""
-        tmp = f"{path}.{os.getpid()}.tmp"
-        with open(tmp, "w") as f:
-            json.dump(self.data, f, indent=1, sort_keys=True)
-        os.replace(tmp, path)
+        """Write atomically (envs.write_file: a per-process temporary file renamed into place), with the content
+        hash that load_guards verifies."""
+        envs.write_file(path, json.dumps({**self.data, "content_hash": content_hash(self.data)}, indent=1,
+                                         sort_keys=True))
+
+
+def content_hash(data: dict) -> str:
+    """sha256 of a guards record's canonical JSON (its own hash field aside): what load_guards checks, so an
+    edited file is never applied as if it were what the burn-in synthesized."""
+    body = {k: v for k, v in data.items() if k != "content_hash"}
+    return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
 
 
 def build_guards(game: Game, library: Library, settings: BurnInSettings) -> Guards:
@@ -182,14 +187,17 @@ def build_guards(game: Game, library: Library, settings: BurnInSettings) -> Guar
 def load_guards(path: str, game: Game, library: Library, settings: BurnInSettings | None = None) -> Guards:
     """Read and validate a guards file; corrupt or mismatched files raise GuardError (one line)."""
     try:
-        with open(path) as f:
-            data = json.load(f)
-    except OSError as e:
-        raise GuardError(f"cannot read guards file {path}: {e.strerror}") from None
+        data = json.loads(envs.read_text(path, f"a {FORMAT} guards file (guards.py)"))
+    except envs.InputError as e:
+        raise GuardError(str(e)) from None
     except json.JSONDecodeError as e:
         raise GuardError(f"guards file {path} is corrupt (not JSON: {e.msg} at line {e.lineno})") from None
     if not isinstance(data, dict) or data.get("format") != FORMAT or not isinstance(data.get("options"), dict):
         raise GuardError(f"guards file {path} is not a {FORMAT} file")
+    if data.get("content_hash") != content_hash(data):
+        raise GuardError(f"guards file {path} does not match its content hash (edited or damaged after synthesis); "
+                         "expected a file written by guards.py or train.py, unedited")
+    data = {k: v for k, v in data.items() if k != "content_hash"}
     if data.get("game") != game.name or data.get("layout_fingerprint") != layout_fingerprint(game):
         raise GuardError(f"guards file {path} is for {data.get('game')}/{data.get('layout')}, "
                          f"not {game.name}/{game.layout_name}")
@@ -199,7 +207,7 @@ def load_guards(path: str, game: Game, library: Library, settings: BurnInSetting
     for kind, entry in data["options"].items():
         ok = kind in library.kinds and isinstance(entry, dict) and all(
             isinstance(g, dict) and isinstance(g.get("fact"), str) and isinstance(g.get("value"), bool)
-            for g in entry.get("guards", [None]))
+            and g.get("literal") == literal_text((g["fact"], g["value"])) for g in entry.get("guards", [None]))
         if not ok:
             raise GuardError(f"guards file {path} is corrupt: bad entry for option type '{kind}'")
     return Guards(data, library)
@@ -216,11 +224,20 @@ def cached_guards(game: Game, library: Library, settings: BurnInSettings, cache_
     path = os.path.join(cache_dir, f"guards-{game.name}-{key}.json")
     if os.path.exists(path):
         try:
-            return load_guards(path, game, library, settings)
-        except GuardError:
-            pass  # a damaged cache entry is rebuilt
+            guards = load_guards(path, game, library, settings)
+            if guards.data.get("cache_key") != key:
+                raise GuardError(f"guards cache {path} was synthesized under another source of the game or options "
+                                 f"(key {guards.data.get('cache_key')}, expected {key})")
+            return guards
+        except GuardError as e:  # an edited or damaged cache entry is reported and rebuilt, never applied
+            print(f"note: {e}; rebuilding it", file=sys.stderr)
     guards = build_guards(game, library, settings)
-    os.makedirs(cache_dir, exist_ok=True)
+    guards.data["cache_key"] = key  # game, layout, settings and source: checked on every reuse
+    try:
+        os.makedirs(cache_dir, exist_ok=True)
+    except OSError as e:
+        raise envs.InputError(f"cannot create the guard cache folder {cache_dir} ({e.strerror}); expected a "
+                              "writable --cache folder") from None
     guards.save(path)
     return guards
 
@@ -257,32 +274,33 @@ def report(guards: Guards, before: dict, after: dict) -> str:
     return "\n".join(lines)
 
 
-if __name__ == "__main__":
-    import argparse
-    import sys
+def main(argv: list[str] | None = None) -> None:
     import time
 
-    import envs
     import options
 
-    parser = argparse.ArgumentParser(description="Synthesize and report guards for one game and layout.")
-    parser.add_argument("--game", default="coop_push")
-    parser.add_argument("--layout", default=None)
-    parser.add_argument("--episodes", type=int, default=BurnInSettings.episodes)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", default=None, help="write guards.json here")
-    cli = parser.parse_args()
-    try:
-        game = envs.make_game(cli.game, cli.layout, cli.seed)
-        library = options.make_library(game)
-        start = time.perf_counter()
-        guards = build_guards(game, library, BurnInSettings(episodes=cli.episodes, seed=cli.seed))
-        took = time.perf_counter() - start
-    except ValueError as e:
-        sys.exit(f"error: {e}")
+    parser = envs.ArgumentParser(description="Synthesize and report guards for one game and layout.")
+    parser.add_argument("--game", default="coop_push", choices=list(envs.GAMES))
+    parser.add_argument("--layout", default=None, help="a built-in layout name or a layout file")
+    parser.add_argument("--episodes", type=envs.number(1, 100_000, integer=True), default=BurnInSettings.episodes,
+                        help="random burn-in episodes per round")
+    parser.add_argument("--seed", type=envs.number(0, integer=True), default=0)
+    parser.add_argument("--out", default=None, help="write guards.json here (a file path in an existing folder)")
+    cli = parser.parse_args(argv)
+    if cli.out:
+        envs.check_output_file(cli.out, "--out")
+    game = envs.make_game(cli.game, cli.layout, cli.seed)
+    library = options.make_library(game)
+    start = time.perf_counter()
+    guards = build_guards(game, library, BurnInSettings(episodes=cli.episodes, seed=cli.seed))
+    took = time.perf_counter() - start
     before = evaluate_menus(game, library, None, 100, cli.seed + 10_000)
     after = evaluate_menus(game, library, guards, 100, cli.seed + 10_000)
     print(report(guards, before, after))
     print(f"  burn-in and synthesis took {took:.1f} s")
     if cli.out:
         guards.save(cli.out)
+
+
+if __name__ == "__main__":
+    envs.run_cli(main, errors=(GuardError,))
