@@ -69,7 +69,6 @@ import envs
 import options
 from policy import Decision, MenuPolicy
 
-EVAL_SEED0 = 1_000_000  # evaluation seeds are EVAL_SEED0 + k; training seeds stay below it
 EVAL_ITERATION = 1 << 30  # the "iteration" of evaluation sampling seeds, apart from any training one
 
 
@@ -85,6 +84,21 @@ class Step:
     old_logp: torch.Tensor  # (K,) log-probabilities over the menu when it was sampled (rollout batch)
     ret: float = 0.0  # credited return R_d
     advantage: float = 0.0
+
+
+class NonFiniteError(ArithmeticError):
+    """A NaN or inf in a log-probability, a loss, a gradient or an adapter weight: training stops at once,
+    before the optimizer step that would spread it (train.py keeps the last good checkpoint)."""
+
+
+def check_finite(what: str, values: torch.Tensor | list[torch.Tensor] | float) -> None:
+    if isinstance(values, float):
+        ok = math.isfinite(values)
+    else:
+        values = values if isinstance(values, list) else [values]
+        ok = all(bool(torch.isfinite(v).all()) for v in values)
+    if not ok:
+        raise NonFiniteError(f"{what} is not finite (NaN or inf)")
 
 
 def agent_names(n_agents: int) -> list[str]:
@@ -175,6 +189,8 @@ def play(games: list[envs.Game], seeds: list[int], library: options.Library, men
             menus.append(menu)
             decisions.append(Decision(agents[i], prompt, tuple(texts)))
         logps = policy.menu_log_probs(decisions, trunk_cache=trunk_cache) if decisions else []
+        for decision, logp in zip(decisions, logps):
+            check_finite(f"a menu log-probability of {decision.agent or 'the frozen base'}", logp)
         for (r, i), menu, decision, logp in zip(pending, menus, decisions, logps):
             choice = sample_choice(logp, temperature, generators[r])
             steps.append(Step(r, i, runners[r].game.t, decision, choice, logp))
@@ -269,6 +285,7 @@ def update(policy: MenuPolicy, optimizers: dict[str, torch.optim.Optimizer], ste
     # pi_base over each menu, once (the base is frozen); with a trunk cache it runs only the top layers
     base = policy.menu_log_probs([Decision(None, s.decision.prompt, s.decision.menu) for s in steps],
                                  trunk_cache=trunk_cache)
+    check_finite("a frozen-base menu log-probability", base)
     # |D_i| over all ranks: each L_i is a mean over agent i's decisions of the whole iteration
     count = {n: sum(all_gather([sum(s.decision.agent == n for s in steps)])) for n in names}
     stats = {n: {"kl": [], "clip": [], "entropy": [], "grad_norm": [], "loss": []} for n in names}
@@ -301,13 +318,17 @@ def update(policy: MenuPolicy, optimizers: dict[str, torch.optim.Optimizer], ste
                     stats[n]["entropy"].append(float(entropy.detach()))
                     stats[n]["clip"].append(float(abs(float(ratio.detach()) - 1) > cfg.clip_eps))
             # summing agents is safe: agent n's adapter only receives gradient from agent n's rows
-            torch.stack(terms).sum().backward()
+            loss = torch.stack(terms).sum()
+            check_finite("the loss", loss)
+            loss.backward()
         for n in names:
             if not count[n]:
                 continue
             all_reduce_gradients(policy.agent_parameters(n))  # the whole iteration's gradient on every rank
             norm = torch.nn.utils.clip_grad_norm_(policy.agent_parameters(n), cfg.max_grad_norm)
+            check_finite(f"{n}'s gradient norm", float(norm))  # checked before the step, so no weight is hit
             optimizers[n].step()
+            check_finite(f"{n}'s adapter weights after the optimizer step", list(policy.agent_parameters(n)))
             stats[n]["grad_norm"].append(float(norm))
             stats[n]["loss"].append(sum(all_gather([loss_sum[n]])))
     out = {}

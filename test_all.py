@@ -1196,8 +1196,8 @@ def test_training_raises_reward_on_a_tiny_model(tmp_path, capsys):
     capsys.readouterr()
     audit.main(["--final", run_dir])  # the cross-run table reads the same audit
     assert f"| coop_push | heavy_only | no | tiny | per_agent | {audit_row['score']:.2f} |" in capsys.readouterr().out
-    with pytest.raises(SystemExit):
-        audit.main(["--final", str(tmp_path)])  # not a run folder: one clear line, exit 1
+    with pytest.raises(envs.InputError, match="no readable config.json"):
+        audit.main(["--final", str(tmp_path)])  # not a run folder (the CLI prints one line, exit 2)
     audit.main([run_dir, "--seeds", "2", "--temperature", "1"])  # sampled teams over training, beside the greedy
     with open(os.path.join(run_dir, "audit_T1.jsonl")) as f:
         sampled = [json.loads(line) for line in f]
@@ -1207,9 +1207,8 @@ def test_training_raises_reward_on_a_tiny_model(tmp_path, capsys):
     assert "sampled at temperature 1" in open(os.path.join(run_dir, "audit_T1.md")).read()
     for bad in ([run_dir, "--temperature", "-1"], [run_dir, "--temperature", "nan"],
                 ["--final", run_dir, "--temperature", "1"]):
-        with pytest.raises(SystemExit) as exit_info:
-            audit.main(bad)  # a bad flag value, or one that the mode would ignore: one clear line, exit 2
-        assert exit_info.value.code == 2
+        with pytest.raises(envs.InputError):
+            audit.main(bad)  # a bad flag value, or one that the mode would ignore (the CLI: one line, exit 2)
 
 
 def test_primitive_action_mode_trains_audits_and_reports(tmp_path, capsys):
@@ -1404,14 +1403,14 @@ def test_per_game_presets_apply_unless_a_flag_is_given():
 
 
 @pytest.mark.parametrize("flags,message", [
-    (["--group-size", "0"], "--group-size 0: expected an integer >= 1"),
+    (["--group-size", "1"], "--group-size 1: expected an integer in [2, 4096]"),
     (["--scoring", "logits"], "--scoring 'logits': expected one of text, label"),
-    (["--clip-eps", "1.5"], "--clip-eps 1.5: expected a number in"),
-    (["--gamma", "0"], "--gamma 0.0: expected a number in (0, 1]"),
+    (["--clip-eps", "1.5"], "--clip-eps 1.5: expected a finite number in [0, 1)"),
+    (["--gamma", "0"], "--gamma 0.0: expected a finite number in (0, 1]"),
     (["--credit", "future"], "--credit 'future': expected one of to_go, episode, to_go_aligned"),
     (["--advantage", "global"], "--advantage 'global': expected one of per_agent, shared"),
     (["--feedback", "yes"], "--feedback 'yes': expected one of none, failures"),
-    (["--base-temperatures", "0,x"], "--base-temperatures '0,x': expected comma-separated numbers"),
+    (["--base-temperatures", "0,x"], "--base-temperatures '0,x': expected comma-separated finite numbers"),
 ])
 def test_bad_flags_give_one_clear_error(flags, message):
     with pytest.raises(train.ArgError, match=re.escape(message)):
@@ -1428,7 +1427,7 @@ def test_cli_errors_exit_nonzero_with_one_line(tmp_path):
         out = subprocess.run([sys.executable, "train.py", *flags, "--out", str(tmp_path / "x"),
                               "--cache", str(tmp_path / "c"), "--burn-in-episodes", "5"],
                              capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
-        assert out.returncode != 0 and out.stderr.strip().splitlines()[-1].startswith("error: ")
+        assert out.returncode == 2 and out.stderr.strip().splitlines()[-1].startswith("error: ")
         assert message in out.stderr, out.stderr
 
 

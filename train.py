@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import os
 import pickle
 import random
@@ -105,30 +106,39 @@ CHOICES = {"game": tuple(envs.GAMES), "dtype": ("auto", *policy_lib.DTYPES),
            "scoring": policy_lib.SCORINGS, "action_mode": ("options", "primitive"),
            "advantage": ("per_agent", "shared"), "credit": ("to_go", "episode", "to_go_aligned"),
            "feedback": ("none", "failures")}
-POSITIVE = ("threads", "start_states", "group_size", "lora_rank", "epochs", "minibatch",
-            "eval_episodes", "burn_in_episodes", "jobs")
-NON_NEGATIVE = ("iterations", "lora_layers", "base_episodes", "audit_episodes", "temperature", "lr", "lora_alpha",
-                "clip_eps", "kl_coef", "entropy_coef", "max_grad_norm", "eval_interval")
+# accepted range of every numeric flag: (low, high, low end open, high end open); values must also be finite
+RANGES: dict[str, tuple] = {
+    "threads": (1, 1024, False, False), "iterations": (0, 1_000_000, False, False),
+    "start_states": (1, 100_000, False, False), "group_size": (2, 4096, False, False),
+    "temperature": (0, 100, False, False), "lr": (0, 1, False, False), "lora_rank": (1, 1024, False, False),
+    "lora_alpha": (0, 1e6, True, False), "lora_layers": (0, 10_000, False, False), "clip_eps": (0, 1, False, True),
+    "kl_coef": (0, 1e6, False, False), "entropy_coef": (0, 1e6, False, False), "epochs": (1, 1000, False, False),
+    "minibatch": (1, 1_000_000, False, False), "max_grad_norm": (0, 1e9, True, False), "gamma": (0, 1, True, False),
+    "eval_interval": (0, 1_000_000, False, False), "eval_episodes": (1, 100_000, False, False),
+    "base_episodes": (0, 100_000, False, False), "audit_episodes": (0, 100_000, False, False),
+    "burn_in_episodes": (1, 1_000_000, False, False), "seed": (0, 2**31 - 1, False, False),
+    "jobs": (1, 1024, False, False),
+}
 # fields that may differ when resuming (everything else must match the checkpoint)
 RESUMABLE = ("iterations", "resume", "threads", "eval_interval", "base_temperatures", "base_episodes",
              "audit_episodes", "jobs")
 
 
-class ArgError(ValueError):
+class ArgError(envs.InputError):
     """A bad flag value: the message says what is wrong and what is accepted."""
 
 
 def parse_args(argv: list[str] | None = None) -> tuple[Args, set[str]]:
     """Build argparse from the dataclass; returns the resolved Args and the names given explicitly."""
     presets = "; ".join(f"{g}: {' '.join(f'--{k} {v}' for k, v in p.items()) or 'none'}" for g, p in PRESETS.items())
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
-                                     epilog=f"Per-game presets (flags given explicitly win): {presets}")
+    parser = envs.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+                                 epilog=f"Per-game presets (flags given explicitly win): {presets}")
     docs = {}
     for line in open(__file__).read().split("class Args:")[1].split("\n\n")[0].splitlines()[1:]:
         name, _, doc = line.strip().partition("#")
         docs[name.split(":")[0].strip()] = doc.strip()
     for f in dataclasses.fields(Args):
-        kind = {int: int, float: float}.get(type(getattr(Args(), f.name)), str)
+        kind = {int: envs.number(integer=True), float: envs.number()}.get(type(getattr(Args(), f.name)), str)
         parser.add_argument(f"--{f.name.replace('_', '-')}", dest=f.name, type=kind, default=None,
                             help=docs.get(f.name, ""))
     given = {k: v for k, v in vars(parser.parse_args(argv)).items() if v is not None}
@@ -139,31 +149,48 @@ def parse_args(argv: list[str] | None = None) -> tuple[Args, set[str]]:
     return args, set(given)
 
 
+def flag(name: str) -> str:
+    return f"--{name.replace('_', '-')}"
+
+
 def validate(args: Args) -> None:
+    """Every value's type and range (also a resumed run's saved config, which may have been edited)."""
+    defaults = Args()
+    for f in dataclasses.fields(Args):
+        value, default = getattr(args, f.name), getattr(defaults, f.name)
+        kind = type(default) if default is not None else str
+        if not (type(value) is kind or (kind is float and type(value) is int) or (value is None and default is None)):
+            expected = {int: "an integer", float: "a number", str: "text"}[kind]
+            raise ArgError(f"{flag(f.name)} {value!r}: expected {expected}")
     for name, accepted in CHOICES.items():
         if getattr(args, name) not in accepted:
-            raise ArgError(f"--{name.replace('_', '-')} {getattr(args, name)!r}: expected one of {', '.join(accepted)}")
+            raise ArgError(f"{flag(name)} {getattr(args, name)!r}: expected one of {', '.join(accepted)}")
     if not re.fullmatch(r"cpu|cuda(:\d+)?", args.device):
-        raise ArgError(f"--device {args.device!r}: expected cpu, cuda or cuda:N")
-    for name in POSITIVE:
-        if getattr(args, name) < 1:
-            raise ArgError(f"--{name.replace('_', '-')} {getattr(args, name)}: expected an integer >= 1")
-    for name in NON_NEGATIVE:
-        if getattr(args, name) < 0:
-            raise ArgError(f"--{name.replace('_', '-')} {getattr(args, name)}: expected a number >= 0")
+        raise ArgError(f"{flag('device')} {args.device!r}: expected cpu, cuda or cuda:N")
+    for name, (low, high, low_open, high_open) in RANGES.items():
+        value = getattr(args, name)
+        inside = (value > low if low_open else value >= low) and (value < high if high_open else value <= high)
+        if not (math.isfinite(value) and inside):
+            kind = "an integer" if isinstance(getattr(Args(), name), int) else "a finite number"
+            raise ArgError(f"{flag(name)} {value}: expected {kind} in {'(' if low_open else '['}{low:g}, "
+                           f"{high:g}{')' if high_open else ']'}")
     if args.temperature == 0 and args.iterations > 0:
         raise ArgError("--temperature 0: greedy rollouts of one start state are identical, so every group's advantages "
                        "are 0 and nothing is learned; expected a sampling temperature > 0 (1: on-policy)")
-    if args.clip_eps >= 1:
-        raise ArgError(f"--clip-eps {args.clip_eps}: expected a number in [0, 1)")
-    if not 0 < args.gamma <= 1:
-        raise ArgError(f"--gamma {args.gamma}: expected a number in (0, 1]")
     try:
         temps = [float(t) for t in args.base_temperatures.split(",")]
     except ValueError:
         temps = [-1.0]
-    if min(temps) < 0:
-        raise ArgError(f"--base-temperatures {args.base_temperatures!r}: expected comma-separated numbers >= 0")
+    if not all(math.isfinite(t) and 0 <= t <= 100 for t in temps):
+        raise ArgError(f"--base-temperatures {args.base_temperatures!r}: expected comma-separated finite numbers in "
+                       "[0, 100] (0: greedy)")
+    targets = policy_lib.parse_lora_targets(args.lora_targets)
+    if not targets or not set(targets) <= set(policy_lib.LORA_TARGETS):
+        raise ArgError(f"--lora-targets {args.lora_targets!r}: expected all or comma-separated module names from "
+                       f"{', '.join(policy_lib.LORA_TARGETS)}")
+    for name in ("model", "out", "resume", "cache", "layout"):
+        if getattr(args, name) is not None and not getattr(args, name).strip():
+            raise ArgError(f"{flag(name)} {getattr(args, name)!r}: expected a non-empty value")
     if args.seeds:
         parse_seed_list(args.seeds)
 
@@ -174,49 +201,89 @@ def parse_seed_list(text: str) -> list[int]:
     try:
         for part in text.split(","):
             low, _, high = part.strip().partition("-")
+            if int(high or low) - int(low) > 10_000:
+                raise ValueError("too many")
             seeds += list(range(int(low), int(high or low) + 1))
     except ValueError:
         seeds = []
-    if not seeds or min(seeds) < 0 or len(set(seeds)) != len(seeds):
-        raise ArgError(f"--seeds {text!r}: expected distinct seeds >= 0 as a range or a list, e.g. 0-4 or 0,3,7")
+    if not seeds or min(seeds) < 0 or max(seeds) > RANGES["seed"][1] or len(seeds) > 10_000 or \
+            len(set(seeds)) != len(seeds):
+        raise ArgError(f"--seeds {text!r}: expected up to 10,000 distinct seeds in [0, {RANGES['seed'][1]}] as a "
+                       "range or a list, e.g. 0-4 or 0,3,7")
     return seeds
 
 
 # ----------------------------------------------------------------------------- PLUMBING: files
 
 
+# Every file is written whole or not at all (envs.write_file: a temporary file, then a rename), so a kill, a full
+# disk or a missing permission leaves the previous version; the records are small, so an append rewrites the file.
+
+
 def write_json(path: str, data) -> None:
-    tmp = f"{path}.tmp"
-    with open(tmp, "w") as f:
-        json.dump(data, f, indent=1)
-    os.replace(tmp, path)
+    envs.write_file(path, json.dumps(data, indent=1))
+
+
+def write_jsonl(path: str, records: list[dict]) -> None:
+    envs.write_file(path, "".join(json.dumps(r) + "\n" for r in records))
 
 
 def append_jsonl(path: str, record: dict) -> None:
-    with open(path, "a") as f:
-        f.write(json.dumps(record) + "\n")
+    write_jsonl(path, read_jsonl(path) + [record])
 
 
 def read_jsonl(path: str) -> list[dict]:
+    """The records of a .jsonl file ([] if there is none); a damaged file is an error naming its line."""
     if not os.path.exists(path):
         return []
-    with open(path) as f:
-        return [json.loads(line) for line in f if line.strip()]
+    records = []
+    for number, line in enumerate(envs.read_text(path, "records written by train.py", 1 << 30).splitlines(), 1):
+        try:
+            record = json.loads(line) if line.strip() else None
+        except json.JSONDecodeError as e:
+            raise ArgError(f"{path} line {number} is not JSON ({e.msg}); expected one record a line as train.py "
+                           "writes them") from None
+        if record is not None and not (isinstance(record, dict) and isinstance(record.get("iteration"), int)):
+            raise ArgError(f"{path} line {number}: expected a record with an integer 'iteration'")
+        if record is not None:
+            records.append(record)
+    return records
 
 
 def save_checkpoint(run_dir: str, policy, optimizers, it: int) -> None:
     """Adapters, optimizer states and the iteration, written to a temporary folder then swapped in, so
     a run killed at any moment leaves the previous checkpoint or the new one, never half of one."""
     tmp, final, old = (os.path.join(run_dir, n) for n in ("checkpoint.tmp", "checkpoint", "checkpoint.old"))
-    shutil.rmtree(tmp, ignore_errors=True)
-    os.makedirs(tmp)
-    policy.save_adapters(os.path.join(tmp, "adapters"))
-    torch.save({n: opt.state_dict() for n, opt in optimizers.items()}, os.path.join(tmp, "optimizers.pt"))
-    write_json(os.path.join(tmp, "state.json"), {"iteration": it})
+    try:
+        shutil.rmtree(tmp, ignore_errors=True)
+        os.makedirs(tmp)
+        policy.save_adapters(os.path.join(tmp, "adapters"))
+        torch.save({n: opt.state_dict() for n, opt in optimizers.items()}, os.path.join(tmp, "optimizers.pt"))
+        write_json(os.path.join(tmp, "state.json"), {"iteration": it})
+    except (OSError, RuntimeError, envs.InputError) as e:  # torch.save reports a full disk as RuntimeError
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise ArgError(f"cannot write the checkpoint of iteration {it + 1} in {run_dir} ({envs.one_line(e)}); the "
+                       "previous checkpoint is kept; expected a writable folder with free space") from None
     shutil.rmtree(old, ignore_errors=True)
     if os.path.exists(final):
         os.replace(final, old)
     os.replace(tmp, final)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def save_adapters(policy, folder: str) -> None:
+    """The adapters into `folder` whole or not at all (a temporary folder, then a swap)."""
+    tmp, old = f"{folder}.{os.getpid()}.tmp", f"{folder}.{os.getpid()}.old"
+    try:
+        shutil.rmtree(tmp, ignore_errors=True)
+        policy.save_adapters(tmp)
+        if os.path.exists(folder):
+            os.replace(folder, old)
+        os.replace(tmp, folder)
+    except (OSError, RuntimeError) as e:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise ArgError(f"cannot write adapters to {folder} ({envs.one_line(e)}); expected a writable folder with "
+                       "free space") from None
     shutil.rmtree(old, ignore_errors=True)
 
 
@@ -228,12 +295,15 @@ def load_checkpoint(run_dir: str, policy, optimizers) -> int:
     if not os.path.exists(final):
         return -1
     try:
-        it = json.load(open(os.path.join(final, "state.json")))["iteration"]
+        it = json.loads(envs.read_text(os.path.join(final, "state.json"), "a checkpoint of train.py"))["iteration"]
+        if type(it) is not int or it < 0:
+            raise ValueError(f"iteration {it!r} is not an integer >= 0")
         policy.load_adapters(os.path.join(final, "adapters"))
         states = torch.load(os.path.join(final, "optimizers.pt"), weights_only=True)
         for n, opt in optimizers.items():
             opt.load_state_dict(states[n])
-    except (OSError, KeyError, ValueError, RuntimeError, EOFError, pickle.UnpicklingError, policy_lib.ModelError) as e:
+    except (OSError, KeyError, TypeError, ValueError, RuntimeError, EOFError, pickle.UnpicklingError,
+            policy_lib.ModelError) as e:
         first = (str(e).splitlines() or [""])[0][:120]
         raise ArgError(f"checkpoint in {final} is corrupt ({type(e).__name__}: {first})") from None
     return int(it)
@@ -243,11 +313,12 @@ def resolve_resume(args: Args, given: set[str]) -> Args:
     """On --resume, the saved config wins; a flag that contradicts it is refused."""
     path = os.path.join(args.resume, "config.json")
     try:
-        saved = json.load(open(path))
-    except (OSError, json.JSONDecodeError) as e:
-        raise ArgError(f"--resume {args.resume}: cannot read {path} ({e}); expected a run folder of train.py") from None
+        saved = json.loads(envs.read_text(path, "a run folder of train.py"))
+    except (envs.InputError, json.JSONDecodeError) as e:
+        raise ArgError(f"--resume {args.resume}: cannot read {path} ({envs.one_line(e)}); expected a run folder of "
+                       "train.py") from None
     names = {f.name for f in dataclasses.fields(Args)}
-    if set(saved) != names:
+    if not isinstance(saved, dict) or set(saved) != names:
         raise ArgError(f"--resume {args.resume}: {path} is not a config of this train.py")
     for name in given - set(RESUMABLE):
         if getattr(args, name) != saved[name]:
@@ -255,7 +326,20 @@ def resolve_resume(args: Args, given: set[str]) -> Args:
                            f"{saved[name]!r}, not {getattr(args, name)!r}")
     resumed = Args(**{**saved, **{k: getattr(args, k) for k in given & set(RESUMABLE)}})
     resumed.out, resumed.resume = args.resume, args.resume
+    try:
+        validate(resumed)
+    except ArgError as e:
+        raise ArgError(f"--resume {args.resume}: {path} holds a bad value: {e}") from None
     return resumed
+
+
+def finished_iterations(run_dir: str) -> int:
+    """How many iterations a run folder's checkpoint holds (0: none or unreadable; load_checkpoint says why)."""
+    try:
+        with open(os.path.join(run_dir, "checkpoint", "state.json")) as f:
+            return int(json.load(f)["iteration"]) + 1
+    except (OSError, ValueError, KeyError, TypeError):
+        return 0
 
 
 def seed_everything(seed: int) -> None:
@@ -345,6 +429,20 @@ def main(argv: list[str] | None = None) -> str:
     if not training_seeds(probe, args.seed, 0, 1):
         raise ArgError(f"layout {layout!r} has no training start state; expected a layout with many start states, "
                        "e.g. with 'random_starts: yes'")
+    # the run folder: checked (and a finished run recognized) before the model loads and before anything is written
+    run_dir = args.out or os.path.join("runs", f"{args.game}-{os.path.basename(layout)}-s{args.seed}")
+    args.out = run_dir
+    if not args.resume and os.path.exists(os.path.join(run_dir, "config.json")):
+        raise ArgError(f"--out {run_dir}: a run already exists there; pass --resume {run_dir} or another --out")
+    if args.resume and finished_iterations(run_dir) >= args.iterations and \
+            os.path.exists(os.path.join(run_dir, "result.json")):
+        print(f"{run_dir} already finished its {args.iterations} iterations (result.json); nothing to do (pass "
+              "--iterations N with more iterations to train on)")
+        return run_dir
+    if lead:
+        envs.check_output_folder(run_dir, "--resume" if args.resume else "--out")
+        if os.path.exists(args.cache) and not os.path.isdir(args.cache):
+            raise ArgError(f"--cache {args.cache}: is a file; expected a folder for models and guards")
     # backbone + one LoRA adapter per agent (a missing model fails here, before anything is written);
     # rank 0 first, so a GGUF preset is converted into the cache once
     if not lead:
@@ -356,13 +454,8 @@ def main(argv: list[str] | None = None) -> str:
     policy = policy_lib.MenuPolicy(model, tokenizer, names, lora_rank=args.lora_rank, lora_alpha=args.lora_alpha,
                                    lora_targets=policy_lib.parse_lora_targets(args.lora_targets),
                                    lora_layers=args.lora_layers, scoring=args.scoring, seed=args.seed)
-    run_dir = args.out or os.path.join("runs", f"{args.game}-{os.path.basename(layout)}-s{args.seed}")
-    args.out = run_dir
-    if not args.resume and os.path.exists(os.path.join(run_dir, "config.json")):
-        raise ArgError(f"--out {run_dir}: a run already exists there; pass --resume {run_dir} or another --out")
     barrier()  # every rank has checked before rank 0 writes
     if lead:
-        os.makedirs(run_dir, exist_ok=True)
         print("config:", json.dumps(dataclasses.asdict(args)))
 
     # burn-in + guards (cached by game, layout and settings)
@@ -374,7 +467,8 @@ def main(argv: list[str] | None = None) -> str:
         guards = guard_lib.cached_guards(probe, library, settings, os.path.join(args.cache, "guards"))
         if lead:
             barrier()
-            guards.save(os.path.join(run_dir, "guards.json"))
+            if not args.resume or not os.path.exists(os.path.join(run_dir, "guards.json")):
+                guards.save(os.path.join(run_dir, "guards.json"))
             menu_seed0 = envs.SPLIT_FIRST_SEED["validation"]
             print(guard_lib.report(guards, guard_lib.evaluate_menus(probe, library, None, 50, menu_seed0),
                                    guard_lib.evaluate_menus(probe, library, guards, 50, menu_seed0)))
@@ -383,20 +477,22 @@ def main(argv: list[str] | None = None) -> str:
     optimizers = pamagrpo.make_optimizers(policy, names, args.lr)
     cfg = pamagrpo.UpdateConfig(args.clip_eps, args.kl_coef, args.entropy_coef, args.epochs, args.minibatch,
                                 args.max_grad_norm)
+    metrics_path, eval_path = os.path.join(run_dir, "metrics.jsonl"), os.path.join(run_dir, "eval.jsonl")
+    # a resume is checked whole (the checkpoint loads) before config.json is rewritten
+    start = load_checkpoint(run_dir, policy, optimizers) + 1 if args.resume else 0
     if lead:
         write_json(os.path.join(run_dir, "config.json"), dataclasses.asdict(args))
-    metrics_path, eval_path = os.path.join(run_dir, "metrics.jsonl"), os.path.join(run_dir, "eval.jsonl")
-
-    start = load_checkpoint(run_dir, policy, optimizers) + 1 if args.resume else 0
-    if start > 0 and lead:  # drop records of iterations the checkpoint does not hold (killed mid-iteration)
-        for path in (metrics_path, eval_path):  # baseline evaluations have iteration -1 and stay
-            kept = [r for r in read_jsonl(path) if r["iteration"] < start]
-            with open(path, "w") as f:
-                f.writelines(json.dumps(r) + "\n" for r in kept)
-        print(f"resumed {run_dir} after iteration {start - 1}")
+    if start > 0 and lead:  # drop records of iterations the checkpoint does not hold (killed mid-iteration), and
+        # the final records of a finished run trained further (--iterations raised); baselines (iteration -1) stay
+        for path in (metrics_path, eval_path):
+            write_jsonl(path, [r for r in read_jsonl(path) if r["iteration"] < start
+                               and r.get("tag") not in ("final", "selected")])
+        if os.path.exists(os.path.join(run_dir, "result.json")):
+            os.remove(os.path.join(run_dir, "result.json"))
+        print(f"resumed {run_dir} after iteration {start}")
     elif start == 0:
         for path in (metrics_path, eval_path) if lead else ():
-            open(path, "w").close()
+            write_jsonl(path, [])
         # evaluate the frozen base: over primitive actions, and over guarded options
         base_agents = [None] * probe.n_agents
         primitive = options.make_library(probe, "primitive", args.feedback == "failures")
@@ -419,9 +515,14 @@ def main(argv: list[str] | None = None) -> str:
     t_start = time.perf_counter()
     for it in range(start, args.iterations):
         seeds = training_seeds(probe, args.seed, it, args.start_states)
-        record = pamagrpo.iteration(policy, optimizers, game_factory, library, menu_filter, seeds,
-                                    args.group_size, args.temperature, args.credit, args.advantage, cfg,
-                                    args.seed, it, args.gamma)
+        try:
+            record = pamagrpo.iteration(policy, optimizers, game_factory, library, menu_filter, seeds,
+                                        args.group_size, args.temperature, args.credit, args.advantage, cfg,
+                                        args.seed, it, args.gamma)
+        except pamagrpo.NonFiniteError as e:  # nothing of this iteration is saved: the checkpoint stays good
+            kept = f"the checkpoint after iteration {it} is kept" if it else "no checkpoint was written"
+            raise pamagrpo.NonFiniteError(f"iteration {it + 1}: {e}; training stopped and {kept} in {run_dir}; "
+                                          f"expected finite values: try a lower --lr (now {args.lr:g})") from None
         done = it + 1 - start
         eta = (time.perf_counter() - t_start) / done * (args.iterations - it - 1)
         entropy = " ".join(f"H{n[-1]}={record[f'train/{n}.entropy']:.2f}" for n in names)
@@ -435,7 +536,7 @@ def main(argv: list[str] | None = None) -> str:
             record.update({f"validation/{k}": v for k, v in result.items()})
             if lead:
                 append_jsonl(eval_path, {**eval_record("validation", it, result), "states": len(validation_seeds)})
-                policy.save_adapters(os.path.join(run_dir, "snapshots", f"iter_{it + 1:04d}"))
+                save_adapters(policy, os.path.join(run_dir, "snapshots", f"iter_{it + 1:04d}"))
                 print(f"  validation (greedy, {len(validation_seeds)} distinct start states): "
                       f"score {result['score']:.3f}")
         if lead:
@@ -447,8 +548,8 @@ def main(argv: list[str] | None = None) -> str:
         result = pamagrpo.evaluate(policy, game_factory, library, menu_filter, eval_seeds, names, 0.0, args.seed)
         if lead:
             append_jsonl(eval_path, {**eval_record("final", args.iterations - 1, result), "states": len(eval_seeds)})
-            policy.save_adapters(os.path.join(run_dir, "adapters"))
-            policy.save_adapters(os.path.join(run_dir, "snapshots", f"iter_{args.iterations:04d}"))
+            save_adapters(policy, os.path.join(run_dir, "adapters"))
+            save_adapters(policy, os.path.join(run_dir, "snapshots", f"iter_{args.iterations:04d}"))
             print(f"final test (greedy, {len(eval_seeds)} distinct test start states): score {result['score']:.3f}")
             if args.audit_episodes:  # who did the work, and what each agent is worth (audit.py)
                 t0 = time.perf_counter()
@@ -458,8 +559,8 @@ def main(argv: list[str] | None = None) -> str:
                                               args.seed)}
                 write_json(os.path.join(run_dir, "audit_final.json"), row)
                 chooses = [pamagrpo.llm_choose(policy, n) for n in names]
-                with open(os.path.join(run_dir, "replay.txt"), "w") as f:
-                    f.write(audit.replay(game_factory(), library, chooses, audit_seeds[0], menu_filter) + "\n")
+                envs.write_file(os.path.join(run_dir, "replay.txt"),
+                                audit.replay(game_factory(), library, chooses, audit_seeds[0], menu_filter) + "\n")
                 print(f"audit ({len(audit_seeds)} test start states, {time.perf_counter() - t0:.0f}s): "
                       f"{row['summary']}")
         # checkpoint selection on validation start states, never on test ones: the last adapters are a
@@ -559,7 +660,7 @@ def run_sweep(args: Args, given: set[str], argv: list[str]) -> str:
         plan = {"seeds": parse_seed_list(args.seeds), "seeds_text": args.seeds, "jobs": args.jobs,
                 "threads": args.threads,
                 "flags": run_flags(argv), "wall_s": {}}
-        os.makedirs(out, exist_ok=True)
+        envs.check_output_folder(out, "--out")
         write_json(os.path.join(out, "sweep.json"), plan)
     jobs, threads = plan["jobs"], max(1, plan["threads"] // plan["jobs"])
     print(f"sweep {out}: seeds {plan['seeds']}, {jobs} at a time, {threads} CPU thread(s) each; logs in "
@@ -651,8 +752,7 @@ def sweep_summary(out: str, plan: dict) -> dict:
         lines.append(f"| {r['seed']} | {r['selected_test_score']:.3f} ({r['selected_iteration']}) | "
                      f"{r['last_test_score']:.3f} | {r['scripted_test_score']:.2f} | {competent} "
                      f"| {r['test_states']} | {r['wall_s'] / 60:.1f} min |")
-    with open(os.path.join(out, "summary.md"), "w") as f:
-        f.write("\n".join(lines) + "\n")
+    envs.write_file(os.path.join(out, "summary.md"), "\n".join(lines) + "\n")
     return summary
 
 
@@ -691,8 +791,7 @@ def write_report(run_dir: str, args: Args) -> None:
         with open(replay_path) as f:
             lines += ["", "## Replay of one held-out episode (greedy, trained adapters)", "", "```",
                       f.read().rstrip("\n"), "```"]
-    with open(os.path.join(run_dir, "report.md"), "w") as f:
-        f.write("\n".join(lines) + "\n")
+    envs.write_file(os.path.join(run_dir, "report.md"), "\n".join(lines) + "\n")
     if metrics:
         import matplotlib
 
@@ -713,15 +812,12 @@ def write_report(run_dir: str, args: Args) -> None:
         ax.set(xlabel="iteration", ylabel="normalized score", ylim=(-0.02, 1.02), title=f"{args.game}/{args.layout}")
         ax.legend(fontsize=7)
         fig.tight_layout()
-        fig.savefig(os.path.join(run_dir, "curve.png"), dpi=110)
-        plt.close(fig)
+        audit.save_figure(fig, os.path.join(run_dir, "curve.png"), dpi=110)
 
 
 if __name__ == "__main__":
     try:
-        main()
-    except (ArgError, envs.LayoutError, guard_lib.GuardError, policy_lib.ModelError) as e:
-        sys.exit(f"error: {e}")
+        envs.run_cli(main, errors=(guard_lib.GuardError, policy_lib.ModelError, pamagrpo.NonFiniteError))
     finally:
         if torch.distributed.is_available() and torch.distributed.is_initialized():
             torch.distributed.destroy_process_group()
