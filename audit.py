@@ -512,7 +512,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         raise envs.InputError(f"--device {cli.device!r}: expected cpu, cuda or cuda:N")
     if cli.run_dir:
         if not os.path.isdir(cli.run_dir):
-            raise envs.InputError(f"{cli.run_dir}: no such folder; expected a run folder of train.py")
+            raise envs.InputError(f"{cli.run_dir}: not a folder; expected a run folder of train.py")
         audit_run(cli.run_dir, cli.seeds, cli.temperature, cli.device)
     elif cli.final:
         rows = final_audit_rows(cli.final)
@@ -525,7 +525,4 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    import guards as guard_lib
-    import policy as policy_lib
-
-    envs.run_cli(main, errors=(guard_lib.GuardError, policy_lib.ModelError))
+    envs.run_cli(main)

@@ -284,6 +284,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    import policy as policy_lib
-
-    envs.run_cli(main, errors=(policy_lib.ModelError,))
+    envs.run_cli(main)

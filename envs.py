@@ -36,6 +36,7 @@ import functools
 import hashlib
 import math
 import os
+import re
 import sys
 
 import numpy as np
@@ -1041,6 +1042,9 @@ class ArgumentParser(argparse.ArgumentParser):
 
     def __init__(self, **kwargs):
         super().__init__(allow_abbrev=False, **kwargs)
+        # a value like -1e-3 or -inf is a (bad) number for the flag before it, not an unknown flag
+        self._negative_number_matcher = re.compile(r"^-(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?$|^-(inf|infinity|nan)$",
+                                                   re.IGNORECASE)
 
     def error(self, message: str):
         raise InputError(message.removeprefix("argument ") + " (see --help)")
@@ -1050,9 +1054,13 @@ def number(low: float = -math.inf, high: float = math.inf, integer: bool = False
            high_open: bool = False):
     """An argparse `type`: a finite number (an integer if `integer`) in [low, high] (open ends if asked);
     anything else is refused with the accepted range."""
-    lo, hi = ("(" if low_open else "[") + f"{low:g}", f"{high:g}" + (")" if high_open else "]")
+    def show(x: float) -> str:
+        return f"{int(x):,}" if x == int(x) else f"{x:g}"
+
+    lo, hi = ("(" if low_open else "[") + show(low) if math.isfinite(low) else "", (
+        show(high) + (")" if high_open else "]") if math.isfinite(high) else "")
     accepted = ("an integer" if integer else "a finite number") + (
-        f" in {lo}, {hi}" if math.isfinite(high) else f" {'>' if low_open else '>='} {low:g}" if math.isfinite(low)
+        f" in {lo}, {hi}" if math.isfinite(high) else f" {'>' if low_open else '>='} {show(low)}" if math.isfinite(low)
         else "")
 
     def parse(text: str):
@@ -1079,10 +1087,11 @@ def one_line(error: BaseException) -> str:
     return text[0] if text else type(error).__name__
 
 
-def run_cli(main, argv=None, errors: tuple = ()) -> None:
-    """Run a CLI's `main(argv)`: bad input (InputError, the module's own error classes in `errors`, OSError,
-    UnicodeError) becomes `error: ...` on one line and exit code 2; anything else too, flagged as unexpected
-    (PAMAGRPO_TRACEBACK=1 shows the traceback); Ctrl-C exits with 130."""
+def run_cli(main, argv: list[str] | None = None) -> None:
+    """Run a CLI's `main(argv)`: bad input (InputError, which every error class of the project extends: LayoutError,
+    guards.GuardError, policy.ModelError, pamagrpo.NonFiniteError; OSError; UnicodeError) becomes `error: ...` on
+    one line and exit code 2; anything else too, flagged as unexpected (PAMAGRPO_TRACEBACK=1 shows the traceback);
+    Ctrl-C exits with 130."""
     try:
         main(argv)
     except KeyboardInterrupt:
@@ -1091,7 +1100,7 @@ def run_cli(main, argv=None, errors: tuple = ()) -> None:
     except Exception as error:
         if os.environ.get("PAMAGRPO_TRACEBACK"):
             raise
-        known = isinstance(error, (InputError, LayoutError, OSError, UnicodeError, *errors))
+        known = isinstance(error, (InputError, OSError, UnicodeError))
         prefix = "" if known else f"unexpected {type(error).__name__} (a bug? PAMAGRPO_TRACEBACK=1 shows where): "
         print(f"error: {prefix}{one_line(error)}", file=sys.stderr)
         sys.exit(2)

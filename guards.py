@@ -45,7 +45,7 @@ from options import Library, Option, random_choice, run_episode
 FORMAT = "pamagrpo-guards/1"
 
 
-class GuardError(ValueError):
+class GuardError(envs.InputError):
     """A guards file that is corrupt or belongs to another game or layout."""
 
 
@@ -303,4 +303,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    envs.run_cli(main, errors=(GuardError,))
+    envs.run_cli(main)

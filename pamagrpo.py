@@ -86,7 +86,7 @@ class Step:
     advantage: float = 0.0
 
 
-class NonFiniteError(ArithmeticError):
+class NonFiniteError(envs.InputError):
     """A NaN or inf in a log-probability, a loss, a gradient or an adapter weight: training stops at once,
     before the optimizer step that would spread it (train.py keeps the last good checkpoint)."""
 

