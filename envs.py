@@ -103,16 +103,17 @@ def parse_layout(text: str, legend: dict[str, str], keys: dict[str, str], name: 
     return tuple(rows), options
 
 
-def option_int(options: dict, key: str, default: int, name: str, low: int = 1) -> int:
-    """Read an integer layout option (>= low) with a clear error."""
+def option_int(options: dict, key: str, default: int, name: str, low: int = 1, high: int = 10_000) -> int:
+    """Read an integer layout option in [low, high] with a clear error (the cap keeps episodes finite in time)."""
     if key not in options:
         return default
     try:
         value = int(options[key])
     except ValueError:
         value = low - 1
-    if value < low:
-        raise LayoutError(f"layout '{name}': option '{key}': expected an integer >= {low}, got '{options[key]}'")
+    if not low <= value <= high:
+        raise LayoutError(f"layout '{name}': option '{key}': expected an integer in [{low}, {high:,}], "
+                          f"got '{options[key]}'")
     return value
 
 
@@ -133,8 +134,8 @@ def option_ints(options: dict, key: str, count: int, default: int, name: str) ->
         values = [int(v) for v in options[key].replace(",", " ").split()]
     except ValueError:
         values = []
-    if len(values) != count or min(values) < 1:
-        raise LayoutError(f"layout '{name}': option '{key}': expected {count} integers >= 1, "
+    if len(values) != count or not 1 <= min(values) <= max(values) <= 1000:
+        raise LayoutError(f"layout '{name}': option '{key}': expected {count} integers in [1, 1000], "
                           f"got '{options[key]}'")
     return values
 
@@ -422,7 +423,7 @@ class CoopPush(Game):
     rules = "Push boxes north onto the goal row. A heavy box moves only if both agents push it together."
     legend = {"#": "wall", ".": "floor", "g": "goal", "b": "small box", "H": "heavy box half",
               **{str(k): f"agent {k}" for k in range(1, 10)}}
-    keys = {"max_steps": "an integer >= 1", "random_starts": "yes or no"}
+    keys = {"max_steps": "an integer in [1, 10000]", "random_starts": "yes or no"}
     SMALL, HEAVY = 10.0, 100.0
     layouts = {
         # the classic benchmark: two small boxes and one heavy box; the maximum needs both agents
@@ -629,8 +630,8 @@ class Forage(Game):
     movement = "lb-foraging"
     rules = "Collect all food. Agents next to a food that load together collect it if their levels sum to its level."
     legend = {".": "floor", "#": "wall", "f": "food", **{str(k): f"agent {k}" for k in range(1, 10)}}
-    keys = {"max_steps": "an integer >= 1", "random_starts": "yes or no", "random_food": "yes or no",
-            "agent_levels": "one integer >= 1 per agent", "food_levels": "one integer >= 1 per 'f'"}
+    keys = {"max_steps": "an integer in [1, 10000]", "random_starts": "yes or no", "random_food": "yes or no",
+            "agent_levels": "one integer in [1, 1000] per agent", "food_levels": "one integer in [1, 1000] per 'f'"}
     layouts = {
         # lb-foraging 8x8, 2 agents, 2 food; the level-3 food needs both agents
         "8x8_2p_2f": "........\n..f.....\n........\n........\n.....f..\n........\n.1......\n......2.\n"
@@ -810,8 +811,8 @@ class Kitchen(Game):
     rules = "Put 3 onions in a pot, let it cook, plate the soup with a dish, serve it. Counters pass items."
     legend = {" ": "floor", ".": "floor", "X": "counter", "O": "onion dispenser", "D": "dish dispenser",
               "P": "pot", "S": "serving window", **{str(k): f"agent {k}" for k in range(1, 10)}}
-    keys = {"max_steps": "an integer >= 1", "random_starts": "yes or no", "orders": "an integer >= 1",
-            "cook_time": "an integer >= 1", "random_contents": "yes or no"}
+    keys = {"max_steps": "an integer in [1, 10000]", "random_starts": "yes or no", "orders": "an integer in [1, 10000]",
+            "cook_time": "an integer in [1, 10000]", "random_contents": "yes or no"}
     SOUP = 20.0
     layouts = {
         # after Overcooked-AI's cramped_room: one agent can do everything alone

@@ -272,7 +272,7 @@ def test_views_name_you_and_partner_and_state_relations():
     ("#####\n#g.b#\n#1..#\n#####\nspeed: 3\n", "line 5 column 1: expected an option line"),
     ("#####\n#g.H#\n#1..#\n#####\n", "line 2 column 4: expected 'HH'"),
     ("#####\n#g.b#\n.1..#\n#####\n", "line 3 column 1: expected '#'"),
-    ("#####\n#g.b#\n#1..#\n#####\nmax_steps: -2\n", "option 'max_steps': expected an integer >= 1"),
+    ("#####\n#g.b#\n#1..#\n#####\nmax_steps: -2\n", "option 'max_steps': expected an integer in [1, 10,000]"),
 ])
 def test_malformed_layouts_are_rejected_with_line_and_column(text, where):
     with pytest.raises(envs.LayoutError, match=where):
@@ -1854,7 +1854,7 @@ HOSTILE_CASES = [  # (CLI, argv, a phrase the one line must hold)
     ("train", ["--game", "forage", "--layout", L + "forage_unsolvable.txt"], "with level 3, but the agents"),
     ("train", ["--game", "kitchen", "--layout", L + "kitchen_unsolvable.txt"], "no pot can get onions"),
     ("train", ["--layout", L + "ragged.txt"], "line 2: expected 5 columns"),
-    ("train", ["--layout", L + "bad_option.txt"], "option 'max_steps': expected an integer >= 1, got 'many'"),
+    ("train", ["--layout", L + "bad_option.txt"], "option 'max_steps': expected an integer in [1, 10,000], got 'many'"),
     # train.py: folders, runs, models
     ("train", ["--out", "{root}/afile"], "--out {root}/afile: is a file; expected a folder"),
     ("train", ["--out", "{root}/afile/run"], "--out {root}/afile/run: cannot write there"),
