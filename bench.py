@@ -163,6 +163,74 @@ def bench_train(model: str, dtype: str, lora_layers: int, start_states: int = 1,
             "iteration_s": record["time/iteration_s"]}
 
 
+PROFILE_SCOPES = ("rollout", "update: base pass", "update: gradient pass", "update: backward", "update: optimizer")
+
+
+def bench_profile(model: str, dtype: str) -> list[dict]:
+    """Where one PA-MAGRPO iteration of train.py's defaults (coop_push, B x G = 2 x 4, adapters on the top 4
+    layers) spends its time, from a torch.profiler trace of the named scopes in pamagrpo.py and policy.py:
+    rollout (layers, vocabulary head, Python and game), update (base pass, gradient pass forward, backward,
+    optimizer; layers vs head inside each). Backward ops count as head when an input has the vocabulary's
+    size. The profiler's own overhead is included, so shares are what to compare, not seconds."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    import guards as guard_lib
+    import pamagrpo
+    import policy as policy_lib
+    import train
+
+    defaults = train.Args()
+    network, tokenizer = policy_lib.load_backbone(model, DEVICE, dtype)
+    layers = min(defaults.lora_layers, network.config.num_hidden_layers - 1)
+    policy = policy_lib.MenuPolicy(network, tokenizer, ["agent0", "agent1"], lora_layers=layers)
+    vocab = network.get_output_embeddings().weight.shape[0]
+    game = envs.make_game("coop_push", None, 0)
+    library = options.make_library(game)
+    guard = guard_lib.cached_guards(game, library, guard_lib.BurnInSettings(), str(policy_lib.cache_root() / "guards"))
+    optimizers = pamagrpo.make_optimizers(policy, policy.agents, defaults.lr)
+    seeds = train.training_seeds(game, 0, 0, defaults.start_states)
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if DEVICE.startswith("cuda") else [])
+    with profile(activities=activities, record_shapes=True) as prof:
+        record = pamagrpo.iteration(policy, optimizers, lambda: envs.make_game("coop_push", None, 0), library,
+                                    guard.menu_filter, seeds, defaults.group_size, 1.0, "to_go", "per_agent",
+                                    pamagrpo.UpdateConfig(), seed=0, it=0)
+    seconds: dict[tuple[str, str], float] = {}
+
+    def add(phase: str, part: str, us: float) -> None:
+        seconds[phase, part] = seconds.get((phase, part), 0.0) + us / 1e6
+
+    for event in prof.events():
+        chain, parent = [], event.cpu_parent
+        while parent is not None:
+            chain.append(parent.name)
+            parent = parent.cpu_parent
+        phase = next((n for n in [event.name] + chain if n in PROFILE_SCOPES), None)
+        if phase is None or any(n in ("layers", "head") for n in chain):
+            continue  # outside the scopes, or already counted by an enclosing layers/head scope
+        if event.name == phase:
+            add(phase, "total", event.cpu_time_total)
+        elif event.name in ("layers", "head"):
+            add(phase, event.name, event.cpu_time_total)
+        elif phase == "update: backward":  # autograd runs outside the forward scopes: tell the head by shape
+            head = any(vocab in (shape or []) for shape in event.input_shapes or [])
+            add(phase, "head" if head else "layers", event.self_cpu_time_total)
+    rows = []
+    for phase in PROFILE_SCOPES:
+        total = seconds.get((phase, "total"), 0.0)
+        parts = [p for p in ("layers", "head") if (phase, p) in seconds]
+        for part in parts:
+            rows.append({"phase": phase, "part": part, "seconds": seconds[phase, part]})
+        rest = total - sum(seconds[phase, p] for p in parts)
+        rows.append({"phase": phase, "part": "Python, game and the rest" if parts else "all", "seconds": rest})
+    whole = sum(r["seconds"] for r in rows)
+    for r in rows:
+        r.update(share=r["seconds"] / whole, device=device_name(DEVICE), model=model, dtype=dtype,
+                 decisions=record["rollout/decisions"])
+    torch.set_grad_enabled(True)
+    return rows
+
+
 MODELS = ["tiny", "smollm2-135m"]
 
 
@@ -214,12 +282,27 @@ def section_scoring(quick: bool) -> list:
 GROUPS = [(1, 4)]  # (start states, group size) of the train section (--groups)
 
 
-def section_train(quick: bool) -> list:
+def section_train(quick: bool) -> dict:
     """The training step: adapters on every layer (0) vs the top 4 layers (trunk cached and replayed), for each
-    --groups size (start states x rollouts)."""
+    --groups size (start states x rollouts); then a profile of one iteration of train.py's defaults per model
+    (in the dtype --dtype auto picks where it is among --dtypes)."""
+    import policy as policy_lib
+
     dtypes = DTYPES[-1:] if quick else DTYPES
-    return [bench_train(m, dtype, layers, b, g) for m in MODELS for dtype in dtypes for layers in (0, 4)
-            for b, g in GROUPS]
+    steps = [bench_train(m, dtype, layers, b, g) for m in MODELS for dtype in dtypes for layers in (0, 4)
+             for b, g in GROUPS]
+    auto = policy_lib.auto_dtype(DEVICE)
+    profiled = [r for m in MODELS for r in bench_profile(m, auto if auto in DTYPES else DTYPES[-1])]
+    return {"steps": steps, "profile": profiled}
+
+
+def print_train(result: dict) -> None:
+    print_rows(result["steps"])
+    print("-- profile of one iteration (train.py defaults; torch.profiler, named scopes)")
+    print(f"{'model':<14} {'phase':<22} {'part':<26} {'seconds':>8} {'share':>6}")
+    for r in result["profile"]:
+        print(f"{r['model']:<14} {r['phase']:<22} {r['part']:<26} {r['seconds']:>8.2f} {r['share']:>6.1%}")
+    print(f"device: {result['profile'][0]['device']}, dtype {result['profile'][0]['dtype']}")
 
 
 def print_rows(rows: list) -> None:
@@ -232,7 +315,7 @@ def print_rows(rows: list) -> None:
 SECTIONS = {"env": (section_env, print_env), "prompts": (section_prompts, print_rows),
             "dtype": (section_dtype, print_rows),
             "scoring": (section_scoring, print_rows),
-            "train": (section_train, print_rows)}
+            "train": (section_train, print_train)}
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -64,6 +64,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+from torch.profiler import record_function
 
 import envs
 import options
@@ -283,8 +284,9 @@ def update(policy: MenuPolicy, optimizers: dict[str, torch.optim.Optimizer], ste
     Returns flat per-agent metrics."""
     names = sorted(optimizers)
     # pi_base over each menu, once (the base is frozen); with a trunk cache it runs only the top layers
-    base = policy.menu_log_probs([Decision(None, s.decision.prompt, s.decision.menu) for s in steps],
-                                 trunk_cache=trunk_cache)
+    with record_function("update: base pass"):  # named scopes: bench.py --only train profiles by them
+        base = policy.menu_log_probs([Decision(None, s.decision.prompt, s.decision.menu) for s in steps],
+                                     trunk_cache=trunk_cache)
     check_finite("a frozen-base menu log-probability", base)
     # |D_i| over all ranks: each L_i is a mean over agent i's decisions of the whole iteration
     count = {n: sum(all_gather([sum(s.decision.agent == n for s in steps)])) for n in names}
@@ -297,7 +299,8 @@ def update(policy: MenuPolicy, optimizers: dict[str, torch.optim.Optimizer], ste
             optimizers[n].zero_grad(set_to_none=True)
         loss_sum = {n: 0.0 for n in names}
         for batch in batches:
-            new = policy.menu_log_probs([steps[k].decision for k in batch], grad=True, trunk_cache=trunk_cache)
+            with record_function("update: gradient pass"):
+                new = policy.menu_log_probs([steps[k].decision for k in batch], grad=True, trunk_cache=trunk_cache)
             if epoch == 0:
                 old.update((k, logp.detach()) for k, logp in zip(batch, new))
             terms = []
@@ -320,14 +323,16 @@ def update(policy: MenuPolicy, optimizers: dict[str, torch.optim.Optimizer], ste
             # summing agents is safe: agent n's adapter only receives gradient from agent n's rows
             loss = torch.stack(terms).sum()
             check_finite("the loss", loss)
-            loss.backward()
+            with record_function("update: backward"):
+                loss.backward()
         for n in names:
             if not count[n]:
                 continue
             all_reduce_gradients(policy.agent_parameters(n))  # the whole iteration's gradient on every rank
             norm = torch.nn.utils.clip_grad_norm_(policy.agent_parameters(n), cfg.max_grad_norm)
             check_finite(f"{n}'s gradient norm", float(norm))  # checked before the step, so no weight is hit
-            optimizers[n].step()
+            with record_function("update: optimizer"):
+                optimizers[n].step()
             check_finite(f"{n}'s adapter weights after the optimizer step", list(policy.agent_parameters(n)))
             stats[n]["grad_norm"].append(float(norm))
             stats[n]["loss"].append(sum(all_gather([loss_sum[n]])))
@@ -361,7 +366,9 @@ def iteration(policy: MenuPolicy, optimizers, game_factory, library, menu_filter
     gens = [sampling_generator(seed, it, rollout_seeds[r], r % group_size) for r in range(n_rollouts)]
     names = sorted(optimizers)
     trunk_cache: dict = {}  # (prompt, menu) -> trunk output, reused by the update (lora_layers > 0)
-    runners, steps = play(games, rollout_seeds, library, menu_filter, policy, names, temperature, gens, trunk_cache)
+    with record_function("rollout"):
+        runners, steps = play(games, rollout_seeds, library, menu_filter, policy, names, temperature, gens,
+                              trunk_cache)
     t_rollout = time.perf_counter() - t0
     max_reward = games[0].max_reward
     credit(steps, runners, max_reward, credit_mode, group_of, gamma)

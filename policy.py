@@ -66,6 +66,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
+from torch.profiler import record_function
 
 import envs
 
@@ -565,7 +566,7 @@ class MenuPolicy:
         # The vocabulary projection is the dominant cost of scoring option texts (tens of option tokens a
         # decision, 49k-way normalization each): the model returns its final hidden states (head
         # detached), and the head runs below only at the distinct positions whose predictions are read.
-        with self._trunk(replay, capture) as captured, self._head_detached() as head:
+        with self._trunk(replay, capture) as captured, self._head_detached() as head, record_function("layers"):
             hidden = self.peft(
                 input_ids=input_ids.to(device), attention_mask=mask[:, None].to(device),  # (B, 1, T, T)
                 position_ids=positions.to(device), logits_to_keep=keep, use_cache=False,
@@ -599,11 +600,12 @@ class MenuPolicy:
         menu_sizes = [len(options) for _, _, options in rows]
         tensor = functools.partial(torch.tensor, device=device)
         read = tensor(where)  # (U, 2)
-        logits = self._logits(head, hidden[read[:, 0], read[:, 1]])  # (U, V)
-        # log p(token) = logit(token) - logsumexp(logits), in float32
-        log_normalizer = torch.logsumexp(logits.float(), dim=-1)  # (U,)
-        slots = tensor(position_of)  # (N,) one per option token
-        token_logp = logits[slots, tensor(target_of)].float() - log_normalizer[slots]  # (N,)
+        with record_function("head"):
+            logits = self._logits(head, hidden[read[:, 0], read[:, 1]])  # (U, V)
+            # log p(token) = logit(token) - logsumexp(logits), in float32
+            log_normalizer = torch.logsumexp(logits.float(), dim=-1)  # (U,)
+            slots = tensor(position_of)  # (N,) one per option token
+            token_logp = logits[slots, tensor(target_of)].float() - log_normalizer[slots]  # (N,)
         option_index, n_options = tensor(option_of), sum(menu_sizes)
         total = torch.zeros(n_options, device=device).index_add(0, option_index, token_logp)  # (O,)
         count = torch.zeros(n_options, device=device).index_add(0, option_index, torch.ones_like(token_logp))
