@@ -65,6 +65,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import numpy as np
 import torch
 from torch.profiler import record_function
 
@@ -526,43 +527,57 @@ class MenuPolicy:
         rows' cached trunk outputs, replayed instead of running the bottom layers."""
         device = self.peft.get_input_embeddings().weight.device
         text = self.scoring == "text"
-        packed = []  # per row: (ids, segment, position); segment 0 = prompt, k + 1 = option k
+        # Each row packs its prompt and, after it, its menu as a token tree: options that begin with the same
+        # tokens share those positions ("push box 1 north" and "push box 1 south" share "push box 1"), so a
+        # shared prefix runs through the layers and the head once. Exact: a tree token attends to the prompt and
+        # to its own ancestors only, at the position it has in its option (restarting after the prompt).
+        packed = []  # per row: (ids, position, parent, paths); parent: the packed index a token continues
         for _, prompt, options in rows:
-            ids, segment, position = list(prompt), [0] * len(prompt), list(range(len(prompt)))
-            for k, option in enumerate(options if text else []):
-                ids += option
-                segment += [k + 1] * len(option)
-                position += range(len(prompt), len(prompt) + len(option))  # restart after the prompt
-            packed.append((ids, segment, position))
-        width = max(len(ids) for ids, _, _ in packed)  # T
-        longest = max(max(position) for _, _, position in packed) + 1  # longest prompt + option
+            ids, position, parent, paths = list(prompt), list(range(len(prompt))), list(range(-1, len(prompt) - 1)), []
+            child: dict[tuple[int, int], int] = {}  # (parent index, token) -> packed index of that tree node
+            for option in options if text else []:
+                at, path = len(prompt) - 1, []
+                for depth, token in enumerate(option):
+                    if (at, token) not in child:
+                        child[at, token] = len(ids)
+                        ids.append(token)
+                        position.append(len(prompt) + depth)
+                        parent.append(at)
+                    at = child[at, token]
+                    path.append(at)
+                paths.append(path)
+            packed.append((ids, position, parent, paths))
+        width = max(len(ids) for ids, _, _, _ in packed)  # T
+        longest = max(max(position) for _, position, _, _ in packed) + 1  # longest prompt + option
         if self.sliding_window and longest > self.sliding_window:
             raise ValueError(f"prompt + option of {longest} tokens exceeds the backbone's sliding attention "
                              f"window ({self.sliding_window}), which the packed mask does not model")
         input_ids = torch.full((len(rows), width), self.pad_id, dtype=torch.long)  # (B, T)
-        segments = torch.full((len(rows), width), -1, dtype=torch.long)  # (B, T), -1 = padding
         positions = torch.zeros((len(rows), width), dtype=torch.long)  # (B, T)
-        for b, (ids, segment, position) in enumerate(packed):  # left padding: rows end together
-            input_ids[b, width - len(ids):] = torch.tensor(ids)
-            segments[b, width - len(ids):] = torch.tensor(segment)
-            positions[b, width - len(ids):] = torch.tensor(position)
-        # Tree mask: query i sees key j iff j <= i, j is not padding, and j is in the prompt or in
-        # i's own option. Padding queries see themselves only (keeps softmax finite; never read).
-        index = torch.arange(width)
-        query, key = segments[:, :, None], segments[:, None, :]  # (B, T, 1), (B, 1, T)
-        allowed = (index[:, None] >= index[None, :]) & (key >= 0) & ((key == 0) | (key == query))
-        allowed |= torch.eye(width, dtype=torch.bool)  # (B, T, T)
+        # Tree mask: a prompt token sees the prompt up to itself; a tree token sees the prompt and its ancestors.
+        # Padding queries see themselves only (keeps softmax finite; never read).
+        allowed = torch.eye(width, dtype=torch.bool).repeat(len(rows), 1, 1)  # (B, T, T)
+        for b, (ids, position, parent, _) in enumerate(packed):  # left padding: rows end together
+            n, pad, prompt_length = len(ids), width - len(ids), len(rows[b][1])
+            input_ids[b, pad:] = torch.tensor(ids)
+            positions[b, pad:] = torch.tensor(position)
+            sees = np.zeros((n, n), dtype=bool)
+            sees[:prompt_length, :prompt_length] = np.tril(np.ones((prompt_length, prompt_length), dtype=bool))
+            for i in range(prompt_length, n):
+                sees[i] = sees[parent[i]]
+                sees[i, i] = True
+            allowed[b, pad:, pad:] = torch.from_numpy(sees)
         dtype = self.peft.get_input_embeddings().weight.dtype
         mask = torch.zeros(allowed.shape, dtype=dtype).masked_fill(~allowed, torch.finfo(dtype).min)
-        # logits only where they are read: the last prompt token and every option token
-        keep = max(1 + sum(map(len, options)) for _, _, options in rows) if text else 1
+        # logits only where they are read: the last prompt token and every tree token
+        keep = max(len(ids) - len(prompt) + 1 for (ids, _, _, _), (_, prompt, _) in zip(packed, rows)) if text else 1
         replay = None
         if trunk is not None:  # cached trunk outputs, left-padded like the ids: (B, T, H)
             replay = torch.zeros((len(rows), width, trunk[0].shape[-1]), dtype=trunk[0].dtype, device=device)
             for b, hidden in enumerate(trunk):
                 replay[b, width - len(hidden):] = hidden
         else:
-            self.tokens_processed += sum(len(ids) for ids, _, _ in packed)
+            self.tokens_processed += sum(len(ids) for ids, _, _, _ in packed)
         # The vocabulary projection is the dominant cost of scoring option texts (tens of option tokens a
         # decision, 49k-way normalization each): the model returns its final hidden states (head
         # detached), and the head runs below only at the distinct positions whose predictions are read.
@@ -573,30 +588,28 @@ class MenuPolicy:
                 adapter_names=[BASE if d.agent is None else d.agent for d, _, _ in rows],
             ).logits  # (B, keep, H): the normed final hidden states, not logits
         # each row's trunk output without its left padding
-        outputs = [captured[0][b, width - len(ids):].clone() for b, (ids, _, _) in enumerate(packed)] if capture else []
+        outputs = [captured[0][b, width - len(ids):].clone() for b, (ids, _, _, _) in enumerate(packed)] if capture \
+            else []
         if not text:  # label: next-token logits restricted to the menu's labels
             logits = self._logits(head, hidden[:, -1])  # (B, V)
             label_ids = [torch.tensor([o[0] for o in options], device=device) for _, _, options in rows]
             return [torch.log_softmax(logits[b, ids].float(), dim=-1) for b, ids in enumerate(label_ids)], outputs
-        # text: token t of option k is predicted by the hidden state at the previous packed position,
-        # the last prompt token for t = 0 (options restart after the prompt); positions are distinct
-        # except the last prompt token, which predicts the first token of every option.
+        # text: token t of an option is predicted by the hidden state of its parent in the tree (the last prompt
+        # token for t = 0); a parent shared by several options is read once
         where, position_of, target_of, option_of = [], [], [], []  # where: (row, column) read; rest per token
         option_id = 0  # global index of an option across the batch
         first = width - keep  # absolute position of kept column 0
-        for b, (_, prompt, options) in enumerate(rows):
-            last_prompt = width - len(packed[b][0]) + len(prompt) - 1
-            where.append((b, last_prompt - first))
-            prompt_slot, cursor = len(where) - 1, last_prompt + 1
-            for option in options:
-                position_of.append(prompt_slot)
-                for p in range(cursor, cursor + len(option) - 1):  # the last token predicts nothing read
-                    where.append((b, p - first))
-                    position_of.append(len(where) - 1)
-                target_of += option
-                option_of += [option_id] * len(option)
+        for b, ((ids, _, parent, paths), (_, _, options)) in enumerate(zip(packed, rows)):
+            pad, slot = width - len(ids), {}  # slot: packed index of a parent -> its index in `where`
+            for path, option in zip(paths, options):
+                for node, token in zip(path, option):
+                    if parent[node] not in slot:
+                        slot[parent[node]] = len(where)
+                        where.append((b, pad + parent[node] - first))
+                    position_of.append(slot[parent[node]])
+                    target_of.append(token)
+                    option_of.append(option_id)
                 option_id += 1
-                cursor += len(option)
         menu_sizes = [len(options) for _, _, options in rows]
         tensor = functools.partial(torch.tensor, device=device)
         read = tensor(where)  # (U, 2)

@@ -2085,3 +2085,27 @@ def test_resuming_a_finished_run_changes_nothing(tmp_path, capsys):
     train.main(["--resume", run_dir, "--iterations", "2"])  # trained further: one final record, of iteration 2
     evals = train.read_jsonl(os.path.join(run_dir, "eval.jsonl"))
     assert [r["iteration"] for r in evals if r["tag"] in ("final", "selected")] == [1, 1]
+
+
+def test_frozen_base_baselines_are_computed_once_and_cached(tmp_path, capsys):
+    def baselines(run_dir):
+        return {r["policy"]: r for r in train.read_jsonl(os.path.join(run_dir, "eval.jsonl"))
+                if r["tag"] == "baseline"}
+
+    first = train.main(tiny_args(tmp_path, "a", "--iterations", "0", "--audit-episodes", "0"))
+    out = capsys.readouterr().out
+    assert "cached" not in out and len(list((tmp_path / "cache" / "baselines").iterdir())) == 2
+    second = train.main(tiny_args(tmp_path, "b", "--iterations", "0", "--audit-episodes", "0", "--seed", "1"))
+    out = capsys.readouterr().out
+    # the primitive baseline is the same for every seed; the options baseline depends on the seed's guards
+    assert "base/primitive T=0.0" in out and "(cached: " in out.split("base/primitive")[1].split("\n")[0]
+    assert "(cached: " not in out.split("base/options")[1].split("\n")[0]
+    assert baselines(first)["base/primitive"] == baselines(second)["base/primitive"]
+    for path in (tmp_path / "cache" / "baselines").iterdir():  # an edited entry is recomputed, not applied
+        cached = json.loads(path.read_text())
+        cached["result"]["score"] = 0.123
+        path.write_text(json.dumps(cached))
+    third = train.main(tiny_args(tmp_path, "c", "--iterations", "0", "--audit-episodes", "0"))
+    captured = capsys.readouterr()
+    assert "does not match its content hash" in captured.err and "(cached: " not in captured.out
+    assert baselines(third) == baselines(first)

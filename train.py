@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import hashlib
+import inspect
 import json
 import math
 import os
@@ -31,6 +33,7 @@ import shutil
 import sys
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -336,6 +339,37 @@ def resolve_resume(args: Args, given: set[str]) -> Args:
     return resumed
 
 
+def content_hash(data) -> str:
+    return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
+
+
+def baseline_cache_path(args: Args, game: envs.Game, guards, seeds: list[int], tag: str, temperature: float) -> str:
+    """Where a frozen-base evaluation is cached: keyed by everything its result depends on (model and its files,
+    dtype, device kind, scoring, feedback, layout, guards, start states, temperature, and the seed when it
+    samples) and by the source of the modules that play and score it, so a code change never reuses it."""
+    model = args.model
+    folder = policy_lib.cache_root() / model if model in policy_lib.PRESETS else Path(model).expanduser()
+    files = sorted((p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in folder.glob("*") if p.is_file()) \
+        if folder.is_dir() else str(folder)
+    sources = [inspect.getsource(m) for m in (envs, options, policy_lib, pamagrpo)]
+    key = content_hash([model, files, args.dtype, args.device.split(":")[0], args.scoring, args.feedback,
+                        guard_lib.layout_fingerprint(game), guards.data if guards else None, seeds, tag, temperature,
+                        args.seed if temperature > 0 else None, sources])
+    return os.path.join(args.cache, "baselines", f"{game.name}-{tag.replace('/', '-')}-{key[:16]}.json")
+
+
+def read_cached_baseline(path: str) -> dict | None:
+    """A cached frozen-base result, or None when there is none or it does not match its content hash."""
+    try:
+        cached = json.loads(envs.read_text(path, "a cached baseline"))
+        if cached["content_hash"] == content_hash(cached["result"]):
+            return cached["result"]
+        print(f"note: the cached baseline {path} does not match its content hash; recomputing it", file=sys.stderr)
+    except (envs.InputError, ValueError, KeyError, TypeError):
+        pass
+    return None
+
+
 def finished_iterations(run_dir: str) -> int:
     """How many iterations a run folder's checkpoint holds (0: none or unreadable; load_checkpoint says why)."""
     try:
@@ -501,14 +535,29 @@ def main(argv: list[str] | None = None) -> str:
         primitive = options.make_library(probe, "primitive", args.feedback == "failures")
         for tag, lib, filt in (("base/primitive", primitive, None), ("base/options", library, menu_filter)):
             for temperature in (float(t) for t in args.base_temperatures.split(",") if args.base_episodes):
-                t0 = time.perf_counter()
-                result = pamagrpo.evaluate(policy, game_factory, lib, filt, eval_seeds[:args.base_episodes],
-                                           base_agents, temperature, args.seed)
+                # the frozen base does not depend on the run's seed (greedy) or its adapters: computed once per
+                # model, layout, guards, start states and source, then read from the cache (verified by hash)
+                t0, seeds = time.perf_counter(), eval_seeds[:args.base_episodes]
+                path = baseline_cache_path(args, probe, guards if lib is library else None, seeds, tag, temperature)
+                result = read_cached_baseline(path)
+                if not all(pamagrpo.all_gather([result is not None])):  # every rank takes the same branch
+                    result = pamagrpo.evaluate(policy, game_factory, lib, filt, seeds, base_agents, temperature,
+                                               args.seed)
+                    if lead:
+                        try:
+                            os.makedirs(os.path.dirname(path), exist_ok=True)
+                        except OSError as e:
+                            raise ArgError(f"--cache {args.cache}: cannot create {os.path.dirname(path)} "
+                                           f"({e.strerror}); expected a writable folder") from None
+                        write_json(path, {"result": result, "content_hash": content_hash(result)})
+                    took = f"{time.perf_counter() - t0:.0f}s"
+                else:
+                    took = f"cached: {path}"
                 record = {**eval_record("baseline", -1, result), "policy": tag, "temperature": temperature,
-                          "states": len(eval_seeds[:args.base_episodes])}
+                          "states": len(seeds)}
                 if lead:
                     append_jsonl(eval_path, record)
-                    print(f"{tag} T={temperature}: score {result['score']:.3f} ({time.perf_counter() - t0:.0f}s)")
+                    print(f"{tag} T={temperature}: score {result['score']:.3f} ({took})")
         if lead:
             scripted = scripted_score(game_factory, eval_seeds)
             append_jsonl(eval_path, {"tag": "baseline", "iteration": -1, "policy": "scripted/coop",
