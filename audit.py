@@ -279,9 +279,23 @@ def audit_llm_team(policy, game_factory, library: Library, agents: list, seeds: 
     return audit_with(play_team, len(agents), library.kinds)
 
 
-def replay(game: Game, library: Library, chooses: Sequence[Choose], seed: int, menu_filter=None) -> str:
-    """One episode as ASCII frames, one at each decision point, with what each agent ran up to it."""
-    episode = run_episode(game, library, team_choose(chooses), seed, menu_filter, show=True)
+def replay(game: Game, library: Library, chooses: Sequence[Choose], seed: int, menu_filter=None,
+           gif: str | None = None) -> str:
+    """One episode as ASCII frames, one at each decision point, with what each agent ran up to it; with `gif`, the
+    same episode is also written there as an animation, one frame a primitive step (replay_gif)."""
+    steps: list[tuple[str, list[str]]] = []  # (game.render(), each agent's option) after every step
+
+    def record(runner) -> None:
+        doing = []
+        for run in runner.running:
+            ended = "" if run is None or run.success is None else (" -> ok" if run.success else " -> failed")
+            doing.append("-" if run is None else run.option.text + ended)
+        steps.append((runner.game.render(), doing))
+
+    episode = run_episode(game, library, team_choose(chooses), seed, menu_filter, show=True,
+                          on_step=record if gif else None)
+    if gif:
+        replay_gif(steps, gif, f"{game.name}/{game.layout_name}, held-out start state {seed}")
     # run_episode draws a frame after each stretch of steps that ends when some agent must decide (or at
     # the end), i.e. at every later option start and at the last step
     times = [0] + sorted({x.start for x in episode.executions if x.start > 0} | {episode.steps})
@@ -297,6 +311,60 @@ def replay(game: Game, library: Library, chooses: Sequence[Choose], seed: int, m
                 outcome = f"-> {'ok' if x.success else 'failed'} ({x.reason})" if ended else "(running)"
                 lines.append(f"  agent {x.agent + 1}: {x.option.text} {outcome}")
     return "\n".join(lines)
+
+
+# colours of the map characters of every game's render() (agents are drawn as numbered discs on top)
+CELL_COLOURS = {"#": "#555555", "X": "#9a8c7a", ".": "#ffffff", " ": "#ffffff", "g": "#b9e4b0",
+                "b": "#c08a4a", "H": "#7a4a1e", "f": "#f4a340", "O": "#f1dd5a", "D": "#a8d0f0", "P": "#444444",
+                "C": "#e07b39", "R": "#d62f2f", "S": "#5fb760", "o": "#f1dd5a", "d": "#a8d0f0", "s": "#d62f2f"}
+AGENT_COLOURS = ("#1f6fd1", "#d1341f", "#2a9d3a", "#8e44ad")
+CELL_LABELS = {"b": "box", "H": "heavy", "f": "food", "O": "onion", "D": "dish", "P": "pot", "C": "cook",
+               "R": "soup", "S": "serve", "o": "onion", "d": "dish", "s": "soup"}
+
+
+def replay_gif(steps: list[tuple[str, list[str]]], path: str, title: str, ms_per_frame: int = 350) -> None:
+    """An animated GIF of a recorded episode: the grid (every game's render() characters as coloured cells,
+    agents as numbered discs), each agent's current option as a caption, and the step, reward and score."""
+    import io
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from PIL import Image
+
+    images = []
+    for frame, doing in steps:
+        *grid, status = frame.split("\n")
+        rows, cols = len(grid), len(grid[0])
+        fig = plt.figure(figsize=(max(3.2, 0.45 * cols + 0.6), 0.45 * rows + 1.5), dpi=80)
+        ax = fig.add_axes((0.02, 0.34, 0.96, 0.58))
+        ax.set_xlim(0, cols)
+        ax.set_ylim(rows, 0)
+        ax.set_aspect("equal")
+        ax.axis("off")
+        for r, line in enumerate(grid):
+            for c, ch in enumerate(line):
+                colour = CELL_COLOURS.get("." if ch.isdigit() else ch, "#ffffff")
+                ax.add_patch(plt.Rectangle((c, r), 1, 1, facecolor=colour, edgecolor="#dddddd", linewidth=0.5))
+                if ch.isdigit():
+                    ax.add_patch(plt.Circle((c + 0.5, r + 0.5), 0.38, color=AGENT_COLOURS[(int(ch) - 1) % 4]))
+                    ax.text(c + 0.5, r + 0.52, ch, ha="center", va="center", color="white", fontsize=9,
+                            fontweight="bold")
+                elif ch in CELL_LABELS:
+                    ax.text(c + 0.5, r + 0.5, CELL_LABELS[ch], ha="center", va="center", fontsize=5)
+        fig.text(0.02, 0.97, title, fontsize=7, va="top")
+        fig.text(0.02, 0.28, status, fontsize=6, va="top")
+        for i, text in enumerate(doing):
+            fig.text(0.02, 0.18 - 0.08 * i, f"agent {i + 1}: {text}", fontsize=7, va="top",
+                     color=AGENT_COLOURS[i % 4])
+        fig.canvas.draw()
+        images.append(Image.frombuffer("RGBA", fig.canvas.get_width_height(), fig.canvas.buffer_rgba()).convert("P"))
+        plt.close(fig)
+    buffer = io.BytesIO()
+    images[0].save(buffer, format="GIF", save_all=True, append_images=images[1:], duration=ms_per_frame,
+                   loop=0)
+    envs.write_file(path, buffer.getvalue())
 
 
 # ----------------------------------------------------------------------------- reports
@@ -460,7 +528,8 @@ def audit_run(run_dir: str, episodes: int, temperature: float = 0.0, device: str
     if snapshots:
         chooses = [pamagrpo.llm_choose(policy, n) for n in names]  # the last snapshot is still loaded
         text += ["## Replay (last snapshot, greedy)", "", "```",
-                 replay(game_factory(), library, chooses, list(seeds)[0], menu_filter), "```", ""]
+                 replay(game_factory(), library, chooses, list(seeds)[0], menu_filter, gif=stem + "_replay.gif"),
+                 "```", f"Animated: `{os.path.basename(stem)}_replay.gif`.", ""]
     envs.write_file(stem + ".md", "\n".join(text))
     plot_over_training(rows, stem + ".png")
     return rows

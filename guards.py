@@ -16,10 +16,11 @@ The method's menus are filtered by guards learned mechanically:
    evidence never hides an option.
    Departure (documented, on by default, `rounds=1` turns it off): a random policy over the unfiltered
    menu rarely reaches the deep states of a long task (in forced_coordination it almost never plates a
-   soup), so plate/serve would stay unjudged. A second burn-in round therefore samples half its choices
-   from the menu guarded by round 1 and half from the unfiltered menu, and synthesis runs again, with
-   the same rule, over the union of both rounds' logs: every option is still tried in every kind of
-   state, and any guard that a logged success contradicts is not adopted.
+   soup), so plate/serve would stay unjudged. Later burn-in rounds (`rounds=4` by default) therefore choose
+   uniformly over the menu guarded by the previous round's guards, except that a share `explore` (0.2) of
+   the choices stays uniform over the unfiltered menu, and synthesis runs again after each round, with the
+   same rule, over the union of all rounds' logs: every option is still tried in every kind of state, and
+   any guard that a logged success contradicts is not adopted.
 3. The guarded menu of an agent: the grounded options whose guards all hold; `wait` stays if every other
    option is filtered out, so a menu is never empty.
 

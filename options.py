@@ -650,6 +650,7 @@ class Runner:
     events: list = field(default_factory=list)  # (t, kind, agents, obj)
     actions: list = field(default_factory=list)  # joint primitive action of each step
     rewards: list = field(default_factory=list)  # team reward of each step
+    on_step: object = None  # called as on_step(runner) after every primitive step (audit.py's GIF replay)
 
     def __post_init__(self):
         n = self.game.n_agents
@@ -693,6 +694,8 @@ class Runner:
                 if result is not None:
                     run.success, run.reason = result
                     self.current[i] = None
+            if self.on_step is not None:
+                self.on_step(self)
 
 
 def observation(runner: Runner, agent: int, menu: list[Option]) -> tuple[str, list[str]]:
@@ -726,10 +729,12 @@ class Episode:
 
 
 def run_episode(game: Game, library: Library, choose, seed: int, menu_filter=None, record_facts: bool = False,
-                show: bool = False) -> Episode:
+                show: bool = False, on_step=None) -> Episode:
     """Reset `game` with `seed` and play one episode; `choose(runner, agent, menu) -> Option`."""
     game.reset(seed)
-    runner = Runner(game, library, menu_filter, record_facts)
+    runner = Runner(game, library, menu_filter, record_facts, on_step=on_step)
+    if on_step is not None:
+        on_step(runner)  # the start state, before any option runs
     frames = [game.render()] if show else []
     while not runner.done:
         for agent in runner.pending():

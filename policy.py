@@ -338,7 +338,7 @@ class MenuPolicy:
 
     def __init__(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, agents: list[str],
                  lora_rank: int = 16, lora_alpha: float = 32,
-                 lora_targets: tuple[str, ...] | str = LORA_TARGETS, lora_layers: int = 0, lora_dropout: float = 0.0,
+                 lora_targets: tuple[str, ...] | str = LORA_TARGETS, lora_layers: int = 0,
                  scoring: str = "text", seed: int = 0, max_batch_tokens: int = 4096, list_menu: bool = False):
         from peft import LoraConfig, get_peft_model
 
@@ -368,7 +368,7 @@ class MenuPolicy:
         top = list(range(n_layers - lora_layers, n_layers)) if lora_layers else None
         config = LoraConfig(r=lora_rank, lora_alpha=lora_alpha, target_modules=list(lora_targets)
                             if not isinstance(lora_targets, str) else lora_targets,
-                            layers_to_transform=top, lora_dropout=lora_dropout, bias="none")
+                            layers_to_transform=top, lora_dropout=0.0, bias="none")  # eval mode always
         with torch.random.fork_rng(devices=[]), warnings.catch_warnings():
             torch.manual_seed(seed)  # LoRA A matrices are random; B = 0, so every agent starts as the base
             warnings.simplefilter("ignore", FutureWarning)  # peft 0.21 calls a deprecated transformers API

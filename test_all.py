@@ -1186,7 +1186,7 @@ def test_training_raises_reward_on_a_tiny_model(tmp_path, capsys):
                 "train/agent1.clip", "time/tokens"):
         assert key in metrics[-1]
     for name in ("config.json", "guards.json", "report.md", "curve.png", "adapters/agent0/adapter_config.json",
-                 "adapters/agent1/adapter_model.safetensors", "audit_final.json", "replay.txt"):
+                 "adapters/agent1/adapter_model.safetensors", "audit_final.json", "replay.txt", "replay.gif"):
         assert os.path.exists(os.path.join(run_dir, name)), name
     with open(os.path.join(run_dir, "audit_final.json")) as f:
         audit_row = json.load(f)
@@ -2109,3 +2109,19 @@ def test_frozen_base_baselines_are_computed_once_and_cached(tmp_path, capsys):
     captured = capsys.readouterr()
     assert "does not match its content hash" in captured.err and "(cached: " not in captured.out
     assert baselines(third) == baselines(first)
+
+
+@pytest.mark.parametrize("game_name", list(envs.GAMES))
+def test_replay_gif_has_one_frame_a_step_with_captions(tmp_path, game_name):
+    from PIL import Image
+
+    game = envs.make_game(game_name, None, 0)
+    library = options.make_library(game)
+    path = str(tmp_path / "replay.gif")
+    text = audit.replay(game, library, [options.scripted_choice()] * 2, 1_000_000, gif=path)
+    steps = int(text.splitlines()[0].split(", ")[-1].split()[0])
+    with Image.open(path) as image:
+        assert image.format == "GIF" and image.n_frames == steps + 1  # the start state, then every step
+        image.seek(image.n_frames - 1)
+        colours = {c for _, c in image.convert("RGB").getcolors(1 << 16)}
+    assert tuple(int(audit.AGENT_COLOURS[0][k:k + 2], 16) for k in (1, 3, 5)) in colours  # agent 1 drawn

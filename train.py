@@ -9,12 +9,13 @@
 The file reads top to bottom like the method: seed -> game and layout -> burn-in + guards (cached) ->
 backbone + per-agent adapters -> evaluate the frozen base (primitive actions and guarded options) ->
 `for iteration:` group rollouts -> advantages -> update -> log -> periodic evaluation -> final
-evaluation + audit -> report. Sections marked PLUMBING hold no algorithm.
+evaluation + audit (with a replay as text and as an animated GIF) -> report. Sections marked PLUMBING hold
+no algorithm.
 
 A run folder holds: config.json, guards.json, metrics.jsonl (one flat record per iteration), eval.jsonl,
 checkpoint/ (written atomically each iteration: adapters, optimizer states, iteration), snapshots/
-(adapters at each evaluation, for audits over training), adapters/ (final, peft format), report.md and
-curve.png.
+(adapters at each evaluation, for audits over training), adapters/ (final, peft format), audit_final.json,
+replay.txt and replay.gif (one held-out test episode of the trained team), report.md and curve.png.
 """
 
 from __future__ import annotations
@@ -611,8 +612,9 @@ def main(argv: list[str] | None = None) -> str:
                                               args.seed)}
                 write_json(os.path.join(run_dir, "audit_final.json"), row)
                 chooses = [pamagrpo.llm_choose(policy, n) for n in names]
-                envs.write_file(os.path.join(run_dir, "replay.txt"),
-                                audit.replay(game_factory(), library, chooses, audit_seeds[0], menu_filter) + "\n")
+                envs.write_file(os.path.join(run_dir, "replay.txt"),  # and the same episode as replay.gif
+                                audit.replay(game_factory(), library, chooses, audit_seeds[0], menu_filter,
+                                             gif=os.path.join(run_dir, "replay.gif")) + "\n")
                 print(f"audit ({len(audit_seeds)} test start states, {time.perf_counter() - t0:.0f}s): "
                       f"{row['summary']}")
         # checkpoint selection on validation start states, never on test ones: the last adapters are a
