@@ -240,7 +240,7 @@ def audit_with(play_team: Callable[[dict], list], n_agents: int, kinds: Sequence
 
 def audit_team(game: Game, library: Library, chooses: Sequence[Choose], seeds: Sequence[int],
                menu_filter=None, rng_seed: int = 0) -> dict:
-    """audit_with for a team of `choose` functions (scripted, random, or pamagrpo.llm_choose)."""
+    """audit_with for a team of `choose` functions (scripted, random, or policy_lib.llm_choose)."""
     if len(chooses) != game.n_agents:
         raise ValueError(f"expected one choose function per agent ({game.n_agents}), got {len(chooses)}")
     seeds = list(seeds)
@@ -259,8 +259,8 @@ def audit_llm_team(policy, game_factory, library: Library, agents: list, seeds: 
                    rng_seed: int = 0, temperature: float = 0.0) -> dict:
     """audit_with for LLM agents (adapter names, or None for the frozen base), played greedily (temperature
     0) or sampled at `temperature` from generators seeded by (rng_seed, episode seed), with every episode's
-    decisions batched (pamagrpo.play); stand-ins replace agents as in audit_team."""
-    import pamagrpo
+    decisions batched (policy_lib.play); stand-ins replace agents as in audit_team."""
+    import policy as policy_lib
 
     seeds = list(seeds)
 
@@ -271,10 +271,10 @@ def audit_llm_team(policy, game_factory, library: Library, agents: list, seeds: 
                 per_seed = {s: stand_in(stand_ins[i], i, s, rng_seed) for s in seeds}
                 a = lambda runner, agent, menu, per_seed=per_seed: per_seed[runner.game.seed](runner, agent, menu)  # noqa: E731
             team.append(a)
-        gens = [pamagrpo.sampling_generator(rng_seed, pamagrpo.EVAL_ITERATION, s, 0) for s in seeds]
+        gens = [policy_lib.sampling_generator(rng_seed, policy_lib.EVAL_ITERATION, s, 0) for s in seeds]
         games = [game_factory() for _ in seeds]
-        runners, _ = pamagrpo.play(games, seeds, library, menu_filter, policy, team, temperature, gens)
-        return pamagrpo.episodes(runners)
+        runners, _ = policy_lib.play(games, seeds, library, menu_filter, policy, team, temperature, gens)
+        return policy_lib.episodes(runners)
 
     return audit_with(play_team, len(agents), library.kinds)
 
@@ -496,7 +496,7 @@ def audit_run(run_dir: str, episodes: int, temperature: float = 0.0, device: str
     is kept."""
     import json
 
-    import pamagrpo
+    import policy as policy_lib
 
     config, game_factory, library, guards, policy = load_run(run_dir, device=device)
     seeds = envs.split_seeds(game_factory(), "test", episodes)
@@ -526,7 +526,7 @@ def audit_run(run_dir: str, episodes: int, temperature: float = 0.0, device: str
             f"{played})", "",
             table(rows, columns), ""]
     if snapshots:
-        chooses = [pamagrpo.llm_choose(policy, n) for n in names]  # the last snapshot is still loaded
+        chooses = [policy_lib.llm_choose(policy, n) for n in names]  # the last snapshot is still loaded
         text += ["## Replay (last snapshot, greedy)", "", "```",
                  replay(game_factory(), library, chooses, list(seeds)[0], menu_filter, gif=stem + "_replay.gif"),
                  "```", f"Animated: `{os.path.basename(stem)}_replay.gif`.", ""]

@@ -25,7 +25,8 @@ Layout files: the map (one character a cell) and, after it, optional `key: value
 Agents are the digits 1..9 in every game. A malformed layout raises `LayoutError` naming the line and
 column and what was expected.
 
-Run `python envs.py --game kitchen --show` to watch the scripted team play (see options.py).
+`python envs.py --layout my_map.txt` checks a layout and shows a start state; `python options.py --game kitchen
+--show` watches the scripted team play. The games import nothing above them.
 """
 
 from __future__ import annotations
@@ -1194,16 +1195,15 @@ def check_layout(game: Game) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    import options  # the scripted teams live with the options they play
-
-    parser = ArgumentParser(description="Show a game played by its scripted team (see options.py).")
+    """Check a layout (parse, two agents, solvable) and show a start state, or count its start states per split.
+    The games import nothing above them: a team playing is options.py's CLI (`python options.py --show`)."""
+    parser = ArgumentParser(description="Check a layout and show one of its start states, or count its start "
+                                        "states per split (train / validation / test).")
     parser.add_argument("--game", default="coop_push", choices=list(GAMES))
     parser.add_argument("--layout", default=None, help="a built-in layout name or a layout file")
-    parser.add_argument("--seed", type=number(0, integer=True), default=0)
-    parser.add_argument("--team", default="coop", choices=["coop", "solo", "random"])
-    parser.add_argument("--show", action="store_true", help="print every frame")
+    parser.add_argument("--seed", type=number(0, integer=True), default=0, help="the start state reset(seed) places")
     parser.add_argument("--start-states", type=number(0, 10_000_000, integer=True), default=0, metavar="N",
-                        help="count the distinct start states of seeds 0..N-1 per split instead of playing")
+                        help="count the distinct start states of seeds 0..N-1 per split instead")
     cli = parser.parse_args(argv)
     game = make_game(cli.game, cli.layout, cli.seed)
     if cli.start_states:
@@ -1216,9 +1216,9 @@ def main(argv: list[str] | None = None) -> None:
         print(f"{cli.game}/{game.layout_name}: {len(keys)} distinct start states over seeds "
               f"0..{cli.start_states - 1} ({counts})")
         return
-    result = options.play_scripted(game, cli.team, cli.seed, show=cli.show)
-    print(f"{cli.game}/{game.layout_name} team={cli.team} seed={cli.seed}: reward {result.total_reward:g}, "
-          f"score {result.score:.2f}, steps {result.steps}")
+    print(f"{cli.game}/{game.layout_name}: {game.n_agents} agents, solvable, max reward {game.max_reward:g}, "
+          f"{game.max_steps} steps; start state of seed {cli.seed} ({split_of(game.start_key())} split):")
+    print(game.render())
 
 
 if __name__ == "__main__":

@@ -13,7 +13,7 @@ every attributed event. `PrimitiveLibrary` turns the six primitive actions into 
 same runner and policy run on low-level actions.
 
 Reference teams: `scripted_choice` (a cooperative heuristic over options; `solo=True`: one agent works,
-the others wait) and `random_choice` (uniform over the menu). Run `python envs.py --game forage --show`.
+the others wait) and `random_choice` (uniform over the menu). Run `python options.py --game forage --show`.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+import envs
 from envs import ACTIONS, DIRECTIONS, Game
 from planner import adjacent_cells, distances, neighbours, step_toward
 
@@ -763,3 +764,21 @@ def play_scripted(game: Game, team: str, seed: int, show: bool = False) -> Episo
     for frame in episode.frames:
         print(frame + "\n")
     return episode
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = envs.ArgumentParser(description="Watch a scripted team play one episode of a game.")
+    parser.add_argument("--game", default="coop_push", choices=list(envs.GAMES))
+    parser.add_argument("--layout", default=None, help="a built-in layout name or a layout file")
+    parser.add_argument("--seed", type=envs.number(0, integer=True), default=0)
+    parser.add_argument("--team", default="coop", choices=["coop", "solo", "random"])
+    parser.add_argument("--show", action="store_true", help="print every frame")
+    cli = parser.parse_args(argv)
+    game = envs.make_game(cli.game, cli.layout, cli.seed)
+    result = play_scripted(game, cli.team, cli.seed, show=cli.show)
+    print(f"{cli.game}/{game.layout_name} team={cli.team} seed={cli.seed}: reward {result.total_reward:g}, "
+          f"score {result.score:.2f}, steps {result.steps}")
+
+
+if __name__ == "__main__":
+    envs.run_cli(main)

@@ -1,4 +1,5 @@
-"""The LLM policy over options: backbone loading, per-agent LoRA adapters, prompts, menu scoring.
+"""The LLM policy over options: backbone loading, per-agent LoRA adapters, prompts, menu scoring, and the
+batched lockstep play of LLM teams over the option runner (`play`: training rollouts, evaluations, audits).
 
 Paper concept: each agent's policy is one small frozen base LLM plus a private LoRA adapter
 for that agent. A decision shows the game rules, the agent's text view and the guarded menu
@@ -52,6 +53,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import hashlib
+import math
 import importlib.util
 import json
 import os
@@ -70,6 +72,7 @@ import torch
 from torch.profiler import record_function
 
 import envs
+import options as options_lib
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -739,3 +742,110 @@ def naive_menu_log_probs(policy: MenuPolicy, decision: Decision) -> torch.Tensor
             token_logp = torch.log_softmax(logits[:-1], dim=-1)  # position t predicts token t + 1
             scores.append(token_logp.gather(1, ids[0, len(prompt):, None]).mean())  # per-token mean
         return torch.log_softmax(torch.stack(scores), dim=-1)
+
+
+# ----------------------------------------------------------------------------- acting: batched play over the runner
+# The lockstep loop every LLM team plays through: training rollouts (pamagrpo.py), evaluations and the audits
+# (audit.py) all sit on it, so the audits never import the algorithm.
+
+
+EVAL_ITERATION = 1 << 30  # the "iteration" of evaluation sampling seeds, apart from any training one
+
+
+@dataclass
+class Step:
+    """One decision of one agent in one rollout."""
+
+    rollout: int
+    agent: int
+    t: int  # primitive step at which the chosen option started
+    decision: Decision
+    choice: int
+    old_logp: torch.Tensor  # (K,) log-probabilities over the menu when it was sampled (rollout batch)
+    ret: float = 0.0  # credited return R_d
+    advantage: float = 0.0
+
+
+class NonFiniteError(envs.InputError):
+    """A NaN or inf in a log-probability, a loss, a gradient or an adapter weight: training stops at once,
+    before the optimizer step that would spread it (train.py keeps the last good checkpoint)."""
+
+
+def check_finite(what: str, values: torch.Tensor | list[torch.Tensor] | float) -> None:
+    if isinstance(values, float):
+        ok = math.isfinite(values)
+    else:
+        values = values if isinstance(values, list) else [values]
+        ok = all(bool(torch.isfinite(v).all()) for v in values)
+    if not ok:
+        raise NonFiniteError(f"{what} is not finite (NaN or inf)")
+
+
+def sampling_generator(seed: int, iteration: int, start: int, rollout: int) -> torch.Generator:
+    """A generator that depends only on (seed, iteration, start state, rollout): never on batching or rank."""
+    mixed = np.random.SeedSequence([seed, iteration, start, rollout]).generate_state(1)[0]
+    return torch.Generator().manual_seed(int(mixed))
+
+
+def sample_choice(logp: torch.Tensor, temperature: float, generator: torch.Generator) -> int:
+    """Sample from softmax(logp / T); T == 0 is greedy (lowest index on ties). The log-probs leave the policy's
+    device as CPU float64 first, so the CPU generator never meets a GPU tensor and the same log-probs give the
+    same choice on any device."""
+    logp = logp.detach().to("cpu", torch.float64)  # (K,)
+    if temperature <= 0:
+        return int(torch.argmax(logp))
+    probs = torch.softmax(logp / temperature, dim=0)
+    return int(torch.multinomial(probs, 1, generator=generator))
+
+
+def play(games: list[envs.Game], seeds: list[int], library: options_lib.Library, menu_filter, policy: MenuPolicy,
+         agents: list[str | None], temperature: float, generators: list[torch.Generator],
+         trunk_cache: dict | None = None):
+    """Play one episode per game in lockstep, batching every pending decision of every rollout into one
+    scoring call. agents[i]: adapter name of agent i, None for the frozen base, or a `choose(runner,
+    agent, menu)` function (a scripted stand-in, not recorded as a step). trunk_cache: filled with every
+    decision's trunk output for the update (see policy.py). Returns (runners, steps)."""
+    runners = []
+    for game, seed in zip(games, seeds):
+        game.reset(seed)
+        runners.append(options_lib.Runner(game, library, menu_filter))
+    steps: list[Step] = []
+    while True:
+        pending = [(r, i) for r, run in enumerate(runners) for i in run.pending()]
+        if not pending:  # every runner was advanced until a decision or its end: all have ended
+            return runners, steps
+        for r, i in [(r, i) for r, i in pending if callable(agents[i])]:  # scripted stand-ins (audits)
+            runners[r].assign(i, agents[i](runners[r], i, runners[r].menu(i)))
+        pending = [(r, i) for r, i in pending if not callable(agents[i])]
+        menus, decisions = [], []
+        for r, i in pending:
+            menu = runners[r].menu(i)
+            view, texts = options_lib.observation(runners[r], i, menu)
+            prompt = policy.build_prompt(runners[r].game.rules, view, texts)
+            menus.append(menu)
+            decisions.append(Decision(agents[i], prompt, tuple(texts)))
+        logps = policy.menu_log_probs(decisions, trunk_cache=trunk_cache) if decisions else []
+        for decision, logp in zip(decisions, logps):
+            check_finite(f"a menu log-probability of {decision.agent or 'the frozen base'}", logp)
+        for (r, i), menu, decision, logp in zip(pending, menus, decisions, logps):
+            choice = sample_choice(logp, temperature, generators[r])
+            steps.append(Step(r, i, runners[r].game.t, decision, choice, logp))
+            runners[r].assign(i, menu[choice])
+        for run in runners:
+            if not run.pending():
+                run.advance()
+
+
+def episodes(runners: list[options_lib.Runner]) -> list[options_lib.Episode]:
+    """The runners' episodes in the shape options.run_episode returns (for audit.py)."""
+    return [options_lib.Episode(r.game.total_reward, r.game.score, r.game.t, r.executions, r.events, [])
+            for r in runners]
+
+
+def llm_choose(policy: MenuPolicy, agent_name: str | None):
+    """A greedy LLM agent as an options.run_episode `choose` function (one decision at a time; audits)."""
+    def choose(runner, agent, menu):
+        view, texts = options_lib.observation(runner, agent, menu)
+        decision = Decision(agent_name, policy.build_prompt(runner.game.rules, view, texts), tuple(texts))
+        return menu[int(torch.argmax(policy.menu_log_probs([decision])[0]))]
+    return choose

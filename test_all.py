@@ -888,6 +888,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")  # before load_backbone first impor
 
 import torch  # noqa: E402
 
+import policy as policy_lib  # noqa: E402
 from policy import (  # noqa: E402
     LABEL_POOL,
     Decision,
@@ -1089,9 +1090,9 @@ import pamagrpo  # noqa: E402
 import train  # noqa: E402
 
 
-def fake_step(rollout: int, agent: int, t: int, ret: float = 0.0) -> pamagrpo.Step:
+def fake_step(rollout: int, agent: int, t: int, ret: float = 0.0) -> policy_lib.Step:
     decision = Decision(f"agent{agent}", "p", ("a", "b"))
-    return pamagrpo.Step(rollout, agent, t, decision, 0, torch.zeros(2), ret)
+    return policy_lib.Step(rollout, agent, t, decision, 0, torch.zeros(2), ret)
 
 
 def test_return_to_go_credit():
@@ -1143,10 +1144,10 @@ def test_per_agent_advantages_use_each_agents_own_statistics():
 
 def test_sampling_seeds_depend_only_on_iteration_group_and_rollout():
     logp = torch.log_softmax(torch.tensor([0.1, 0.5, 0.2, 0.9]), 0)
-    draws = [pamagrpo.sample_choice(logp, 1.0, pamagrpo.sampling_generator(0, 3, 7, r)) for r in range(20)]
-    again = [pamagrpo.sample_choice(logp, 1.0, pamagrpo.sampling_generator(0, 3, 7, r)) for r in range(20)]
+    draws = [policy_lib.sample_choice(logp, 1.0, policy_lib.sampling_generator(0, 3, 7, r)) for r in range(20)]
+    again = [policy_lib.sample_choice(logp, 1.0, policy_lib.sampling_generator(0, 3, 7, r)) for r in range(20)]
     assert draws == again and len(set(draws)) > 1
-    assert pamagrpo.sample_choice(logp, 0.0, None) == 3
+    assert policy_lib.sample_choice(logp, 0.0, None) == 3
 
 
 def test_update_trains_every_agents_lora_and_never_the_base():
@@ -1289,8 +1290,6 @@ def test_sweep_helpers():
 def test_sampling_is_device_independent_by_construction():
     """Log-probs leave the policy as CPU float64 before the CPU generator draws, so a GPU tensor can never meet
     a CPU generator and the same log-probs give the same choice on any device and dtype."""
-    import pamagrpo
-
     class OnAnotherDevice:  # stands in for a CUDA tensor: only .detach() and .to("cpu", float64) work on it
         def __init__(self, values: torch.Tensor):
             self.values = values
@@ -1305,11 +1304,11 @@ def test_sampling_is_device_independent_by_construction():
     logp = torch.log_softmax(torch.tensor([0.3, -1.2, 0.9, 0.9]), 0)
     for temperature in (0.0, 0.7, 1.0):
         for rollout in range(20):
-            on_cpu = pamagrpo.sample_choice(logp, temperature, pamagrpo.sampling_generator(0, 1, 2, rollout))
-            elsewhere = pamagrpo.sample_choice(OnAnotherDevice(logp), temperature,
-                                               pamagrpo.sampling_generator(0, 1, 2, rollout))
-            in_bf16 = pamagrpo.sample_choice(logp.to(torch.bfloat16).float().requires_grad_(), temperature,
-                                             pamagrpo.sampling_generator(0, 1, 2, rollout))
+            on_cpu = policy_lib.sample_choice(logp, temperature, policy_lib.sampling_generator(0, 1, 2, rollout))
+            elsewhere = policy_lib.sample_choice(OnAnotherDevice(logp), temperature,
+                                               policy_lib.sampling_generator(0, 1, 2, rollout))
+            in_bf16 = policy_lib.sample_choice(logp.to(torch.bfloat16).float().requires_grad_(), temperature,
+                                             policy_lib.sampling_generator(0, 1, 2, rollout))
             assert on_cpu == elsewhere and (temperature > 0 or on_cpu == in_bf16 == 2)  # greedy: first of a tie
 
 
@@ -1546,8 +1545,8 @@ def test_decision_start_steps_align_with_the_runners_rewards_in_play():
             log.append((t, out[0]))
             return out
         game.step = step
-    gens = [pamagrpo.sampling_generator(0, 0, 0, r) for r in range(len(games))]
-    runners, steps = pamagrpo.play(games, [0] * len(games), library, None, policy, ["agent0", "agent1"], 1.0, gens)
+    gens = [policy_lib.sampling_generator(0, 0, 0, r) for r in range(len(games))]
+    runners, steps = policy_lib.play(games, [0] * len(games), library, None, policy, ["agent0", "agent1"], 1.0, gens)
     for run, log in zip(runners, earned):
         assert run.rewards == [reward for _, reward in log] and [t for t, _ in log] == list(range(len(log)))
     straddled, expected = 0, []
@@ -1567,8 +1566,8 @@ def test_decision_start_steps_align_with_the_runners_rewards_in_play():
 def test_sampling_temperature_divides_the_log_probs():
     """Rollouts sample from softmax(log pi / T): at T = 0.5 the draws follow pi^2 (renormalized), not pi^(1/2)."""
     logp = torch.log_softmax(torch.tensor([0.1, 0.5, 0.2, 0.9]), 0)
-    generator = pamagrpo.sampling_generator(0, 1, 2, 3)
-    draws = [pamagrpo.sample_choice(logp, 0.5, generator) for _ in range(4000)]
+    generator = policy_lib.sampling_generator(0, 1, 2, 3)
+    draws = [policy_lib.sample_choice(logp, 0.5, generator) for _ in range(4000)]
     frequency = np.bincount(draws, minlength=4) / len(draws)
     expected = torch.softmax(logp.double() / 0.5, 0).numpy()
     assert np.abs(frequency - expected).max() < 0.03  # 4 standard deviations of a frequency at 4000 draws
@@ -1605,12 +1604,12 @@ UPDATE_ADVANTAGES = {  # hand computation: (R - mean) / std over the normalizati
 }
 
 
-def update_steps(policy: MenuPolicy, mode: str) -> tuple[list[pamagrpo.Step], list[float]]:
+def update_steps(policy: MenuPolicy, mode: str) -> tuple[list[policy_lib.Step], list[float]]:
     steps = []
     for k, (rollout, agent, menu, choice, ret) in enumerate(UPDATE_STEPS):
         prompt = policy.build_prompt(SYSTEM, VIEW + f"\nStep {0 if k == 3 else k}.", list(MENUS[menu]))
         decision = Decision(f"agent{agent}", prompt, MENUS[menu])
-        steps.append(pamagrpo.Step(rollout, agent, 0, decision, choice, torch.zeros(len(MENUS[menu])), ret))
+        steps.append(policy_lib.Step(rollout, agent, 0, decision, choice, torch.zeros(len(MENUS[menu])), ret))
     pamagrpo.advantages(steps, [0, 0, 1, 1], mode)
     expected = [0.0] * len(steps)
     for members in UPDATE_ADVANTAGES[mode]:
@@ -1714,7 +1713,7 @@ def test_kl_and_entropy_terms_by_hand():
     With zero advantages the update's gradient is the gradient of kl_coef * KL - entropy_coef * H alone."""
     policy = make_policy(rank=4)
     decisions = [d for d in decisions_for(policy) if d.agent == "agent0"][:2]
-    steps = [pamagrpo.Step(0, 0, 0, d, 0, torch.zeros(len(d.menu))) for d in decisions]
+    steps = [policy_lib.Step(0, 0, 0, d, 0, torch.zeros(len(d.menu))) for d in decisions]
     p_agent = [naive_menu_log_probs(policy, d).double() for d in decisions]  # (K,) each
     p_base = [naive_menu_log_probs(policy, Decision(None, d.prompt, d.menu)).double() for d in decisions]
     forward = [float((lp.exp() * (lp - lb)).sum()) for lp, lb in zip(p_agent, p_base)]
@@ -1887,7 +1886,9 @@ HOSTILE_CASES = [  # (CLI, argv, a phrase the one line must hold)
     # envs.py
     ("envs", ["--seed", "-1"], "--seed: '-1'"),
     ("envs", ["--start-states", "nan"], "--start-states: 'nan'"),
-    ("envs", ["--team", "lone"], "--team: invalid choice: 'lone'"),
+    ("options", ["--team", "lone"], "--team: invalid choice: 'lone'"),
+    ("options", ["--seed", "1.5"], "--seed: '1.5': expected an integer"),
+    ("options", ["--sho"], "unrecognized arguments: --sho"),
     ("envs", ["--lay", "classic"], "unrecognized arguments: --lay classic"),
     ("envs", ["--game", "kitchen", "--layout", L + "kitchen_unsolvable.txt"], "cannot be solved"),
     ("envs", ["--layout", L + "three_agents.txt"], "3 agents"),
@@ -1924,8 +1925,8 @@ def cli_main(name: str):
     import bench
     import guards as guard_lib
 
-    return {"train": train.main, "guards": guard_lib.main, "envs": envs.main, "audit": audit.main,
-            "bench": bench.main}[name]
+    return {"train": train.main, "guards": guard_lib.main, "envs": envs.main, "options": options.main,
+            "audit": audit.main, "bench": bench.main}[name]
 
 
 def file_tree(root) -> dict[str, bytes]:
@@ -1955,12 +1956,13 @@ def test_hostile_input_is_one_line_exit_2_and_touches_no_file(tmp_path, capsys, 
 
 def test_hostile_catalogue_is_large_and_spans_every_cli():
     assert len(HOSTILE_CASES) >= 60
-    assert {c for c, _, _ in HOSTILE_CASES} == {"train", "guards", "envs", "audit", "bench"}
+    assert {c for c, _, _ in HOSTILE_CASES} == {"train", "guards", "envs", "options", "audit", "bench"}
 
 
 @pytest.mark.parametrize("command", [
     ["train.py", "--lr", "nan"], ["guards.py", "--episodes", "0"], ["envs.py", "--seed", "x"],
-    ["audit.py", "--seeds", "0"], ["bench.py", "--groups", "0x0"], ["train.py", "--layout", "README.md"]])
+    ["audit.py", "--seeds", "0"], ["bench.py", "--groups", "0x0"], ["train.py", "--layout", "README.md"],
+    ["options.py", "--team", "x"]])
 def test_cli_wiring_prints_one_line_and_exits_2(command):
     import subprocess
     import sys
@@ -2053,7 +2055,7 @@ def test_a_nan_stops_training_at_that_iteration_keeping_the_last_good_checkpoint
         return real(policy, *args, **kwargs)
 
     monkeypatch.setattr(train.pamagrpo, "iteration", poisoned)
-    with pytest.raises(train.pamagrpo.NonFiniteError, match=r"iteration 2: a menu log-probability of agent1 is not "
+    with pytest.raises(train.policy_lib.NonFiniteError, match=r"iteration 2: a menu log-probability of agent1 is not "
                                                             r"finite .*the checkpoint after iteration 1 is kept"):
         train.main(tiny_args(tmp_path, "run", "--iterations", "3", "--audit-episodes", "0", "--base-episodes", "0"))
     run_dir = tmp_path / "run"
@@ -2066,11 +2068,11 @@ def test_a_nan_stops_training_at_that_iteration_keeping_the_last_good_checkpoint
 
 
 def test_a_nan_loss_or_gradient_stops_the_update_before_the_step():
-    with pytest.raises(train.pamagrpo.NonFiniteError, match="the loss is not finite"):
-        train.pamagrpo.check_finite("the loss", torch.tensor(float("nan")))
-    with pytest.raises(train.pamagrpo.NonFiniteError, match="gradient norm"):
-        train.pamagrpo.check_finite("agent0's gradient norm", float("inf"))
-    train.pamagrpo.check_finite("fine", [torch.zeros(3), torch.ones(2)])
+    with pytest.raises(train.policy_lib.NonFiniteError, match="the loss is not finite"):
+        train.policy_lib.check_finite("the loss", torch.tensor(float("nan")))
+    with pytest.raises(train.policy_lib.NonFiniteError, match="gradient norm"):
+        train.policy_lib.check_finite("agent0's gradient norm", float("inf"))
+    train.policy_lib.check_finite("fine", [torch.zeros(3), torch.ones(2)])
 
 
 def test_resuming_a_finished_run_changes_nothing(tmp_path, capsys):
@@ -2125,3 +2127,16 @@ def test_replay_gif_has_one_frame_a_step_with_captions(tmp_path, game_name):
         image.seek(image.n_frames - 1)
         colours = {c for _, c in image.convert("RGB").getcolors(1 << 16)}
     assert tuple(int(audit.AGENT_COLOURS[0][k:k + 2], 16) for k in (1, 3, 5)) in colours  # agent 1 drawn
+
+
+def test_games_import_nothing_above_them_and_audits_not_the_algorithm():
+    import ast
+
+    def imports(path):
+        tree = ast.parse(open(path).read())
+        return {n.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import) for n in node.names} | \
+            {node.module.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module}
+
+    project = {"envs", "planner", "options", "guards", "policy", "pamagrpo", "audit", "train"}
+    assert imports("envs.py") & project == set()
+    assert "pamagrpo" not in imports("audit.py") and "train" not in imports("audit.py")

@@ -572,9 +572,9 @@ def main(argv: list[str] | None = None) -> str:
             record = pamagrpo.iteration(policy, optimizers, game_factory, library, menu_filter, seeds,
                                         args.group_size, args.temperature, args.credit, args.advantage, cfg,
                                         args.seed, it, args.gamma)
-        except pamagrpo.NonFiniteError as e:  # nothing of this iteration is saved: the checkpoint stays good
+        except policy_lib.NonFiniteError as e:  # nothing of this iteration is saved: the checkpoint stays good
             kept = f"the checkpoint after iteration {it} is kept" if it else "no checkpoint was written"
-            raise pamagrpo.NonFiniteError(f"iteration {it + 1}: {e}; training stopped and {kept} in {run_dir}; "
+            raise policy_lib.NonFiniteError(f"iteration {it + 1}: {e}; training stopped and {kept} in {run_dir}; "
                                           f"expected finite values: try a lower --lr (now {args.lr:g})") from None
         done = it + 1 - start
         eta = (time.perf_counter() - t_start) / done * (args.iterations - it - 1)
@@ -611,7 +611,7 @@ def main(argv: list[str] | None = None) -> str:
                        **audit.audit_llm_team(policy, game_factory, library, names, audit_seeds, menu_filter,
                                               args.seed)}
                 write_json(os.path.join(run_dir, "audit_final.json"), row)
-                chooses = [pamagrpo.llm_choose(policy, n) for n in names]
+                chooses = [policy_lib.llm_choose(policy, n) for n in names]
                 envs.write_file(os.path.join(run_dir, "replay.txt"),  # and the same episode as replay.gif
                                 audit.replay(game_factory(), library, chooses, audit_seeds[0], menu_filter,
                                              gif=os.path.join(run_dir, "replay.gif")) + "\n")
