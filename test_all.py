@@ -2140,3 +2140,28 @@ def test_games_import_nothing_above_them_and_audits_not_the_algorithm():
     project = {"envs", "planner", "options", "guards", "policy", "pamagrpo", "audit", "train"}
     assert imports("envs.py") & project == set()
     assert "pamagrpo" not in imports("audit.py") and "train" not in imports("audit.py")
+
+
+def test_sweep_curves_draw_the_mean_and_a_band_over_seeds(tmp_path):
+    from PIL import Image
+
+    for seed in range(3):
+        run = tmp_path / f"seed{seed}"
+        run.mkdir()
+        train.write_jsonl(str(run / "metrics.jsonl"), [{"iteration": i, "rollout/score_mean": 0.1 * i + 0.05 * seed,
+                                                        "time/iteration_s": 1.0} for i in range(4)])
+        train.write_jsonl(str(run / "eval.jsonl"), [
+            {"tag": "baseline", "iteration": -1, "policy": "base/options", "temperature": 0.0, "eval/score": 0.1},
+            {"tag": "validation", "iteration": 1, "eval/score": 0.5},
+            {"tag": "validation", "iteration": 3, "eval/score": 0.6 + 0.1 * seed},
+            {"tag": "selected", "iteration": 3, "eval/score": 0.7 + 0.1 * seed}])
+        train.write_json(str(run / "result.json"), {"seed": seed, "last_test_score": 0.7, "selected_test_score":
+                                                    0.7 + 0.1 * seed, "selected_iteration": 4, "iterations": 4,
+                                                    "test_states": 5, "validation_states": 5, "train_s": 4.0})
+    summary = train.sweep_summary(str(tmp_path), {"seeds": [0, 1, 2], "seeds_text": "0-2", "flags": [],
+                                                  "wall_s": {}})
+    assert summary["finished"] == 3 and abs(summary["selected_test_score"]["mean"] - 0.8) < 1e-9
+    with Image.open(tmp_path / "curves.png") as image:
+        assert image.format == "PNG" and image.size[0] > 400
+    mean, low, high = train.band([[0.0, 1.0], [1.0, 1.0]])
+    assert list(mean) == [0.5, 1.0] and low[0] == 0.0 and high[0] == 1.0 and low[1] == high[1] == 1.0

@@ -791,11 +791,14 @@ def sweep_summary(out: str, plan: dict) -> dict:
                         "ci95": bootstrap_ci(values) if values else None}
     summary["runs"] = rows
     write_json(os.path.join(out, "summary.json"), summary)
+    if done:
+        plot_sweep(out, [os.path.join(out, f"seed{r['seed']}") for r in done], os.path.join(out, "curves.png"))
 
     lines = [f"# Sweep {out}", "", f"`python train.py {summary['flags']} --seeds {plan['seeds_text']}`", "",
              f"**{summary['competent']}/{summary['seeds']} seeds competent** ({summary['competent_means']}); "
              f"mean test score with a 95% bootstrap CI over seeds: selected {mean_ci(summary['selected_test_score'])}, "
              f"last {mean_ci(summary['last_test_score'])}.", "",
+             "Learning curves with bands over seeds: `curves.png`.", "",
              "| seed | selected test score (iteration) | last test score | scripted | competent | test states | "
              "wall clock |", "| --- | --- | --- | --- | --- | --- | --- |"]
     for r in rows:
@@ -808,6 +811,64 @@ def sweep_summary(out: str, plan: dict) -> dict:
                      f"| {r['test_states']} | {r['wall_s'] / 60:.1f} min |")
     envs.write_file(os.path.join(out, "summary.md"), "\n".join(lines) + "\n")
     return summary
+
+
+def band(values_by_seed: list[list[float]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per point over seeds (rows: seeds, columns: points): the mean and its 95% bootstrap CI."""
+    values = np.asarray(values_by_seed, float)  # (S, P)
+    cis = np.array([bootstrap_ci(list(values[:, p])) for p in range(values.shape[1])])  # (P, 2)
+    return values.mean(axis=0), cis[:, 0], cis[:, 1]
+
+
+def plot_sweep(out: str, run_dirs: list[str], path: str) -> None:
+    """Learning curves over the seeds of a sweep: the sampled rollout score and the greedy validation score at
+    every iteration, each seed as a thin line, their mean with a 95% bootstrap band over seeds; the frozen base
+    (options and primitive actions) and the scripted team as lines (means over seeds); the selected checkpoints'
+    test scores at the right with their CI."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    metrics = [read_jsonl(os.path.join(d, "metrics.jsonl")) for d in run_dirs]
+    evals = [read_jsonl(os.path.join(d, "eval.jsonl")) for d in run_dirs]
+    iterations = min(len(m) for m in metrics)
+    fig, ax = plt.subplots(figsize=(7, 4))
+    x = np.arange(1, iterations + 1)
+    rollout = [[r["rollout/score_mean"] for r in m[:iterations]] for m in metrics]
+    validation_at = sorted(set.intersection(*[{r["iteration"] for r in e if r["tag"] == "validation"}
+                                              for e in evals])) if evals else []
+    validation = [[next(r["eval/score"] for r in e if r["tag"] == "validation" and r["iteration"] == it)
+                   for it in validation_at] for e in evals]
+    for values, at, colour, label in ((rollout, x, "C0", "rollout score (sampled)"),
+                                      (validation, np.array(validation_at) + 1, "C1",
+                                       "greedy, validation start states")):
+        if not len(at):
+            continue
+        for seed_values in values:
+            ax.plot(at, seed_values, color=colour, alpha=0.25, linewidth=0.8)
+        mean, low, high = band(values)
+        ax.plot(at, mean, color=colour, linewidth=2, marker="o" if colour == "C1" else None,
+                label=f"{label}: mean of {len(values)} seeds")
+        ax.fill_between(at, low, high, color=colour, alpha=0.2)
+    baselines = {}
+    for e in evals:
+        for r in e:
+            if r["tag"] == "baseline" and r.get("temperature", 0.0) == 0.0:
+                baselines.setdefault(r["policy"], []).append(r["eval/score"])
+    for (name, scores), style in zip(sorted(baselines.items()), (":", "--", "-.")):
+        ax.axhline(float(np.mean(scores)), color="gray", linestyle=style, linewidth=1, label=f"{name} (greedy)")
+    selected = [r["eval/score"] for e in evals for r in e if r["tag"] == "selected"]
+    if selected:
+        low, high = bootstrap_ci(selected)
+        mean = float(np.mean(selected))
+        ax.errorbar([iterations + 1.5], [mean], yerr=[[mean - low], [high - mean]], fmt="s", color="C3",
+                    capsize=4, label=f"selected checkpoint, test states: {mean:.2f} [{low:.2f}, {high:.2f}]")
+    ax.set(xlabel="iteration", ylabel="normalized score", ylim=(-0.02, 1.02),
+           title=f"{os.path.basename(os.path.normpath(out))}: {len(run_dirs)} seeds, 95% bootstrap bands")
+    ax.legend(fontsize=7, loc="lower right")
+    fig.tight_layout()
+    audit.save_figure(fig, path, dpi=110)
 
 
 def write_report(run_dir: str, args: Args) -> None:
