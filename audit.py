@@ -370,6 +370,19 @@ def replay_gif(steps: list[tuple[str, list[str]]], path: str, title: str, ms_per
 # ----------------------------------------------------------------------------- reports
 
 
+def bootstrap_ci(values: list[float], resamples: int = 10_000, seed: int = 0) -> list[float]:
+    """95% percentile bootstrap confidence interval of the mean (seeded: the same values give the same CI)."""
+    draws = np.random.default_rng(seed).choice(np.asarray(values, float), (resamples, len(values)))
+    return [float(x) for x in np.percentile(draws.mean(axis=1), [2.5, 97.5])]
+
+
+def band(values_by_seed: list[list[float]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per point over seeds (rows: seeds, columns: points): the mean and its 95% bootstrap CI."""
+    values = np.asarray(values_by_seed, float)  # (S, P)
+    cis = np.array([bootstrap_ci(list(values[:, p])) for p in range(values.shape[1])])  # (P, 2)
+    return values.mean(axis=0), cis[:, 0], cis[:, 1]
+
+
 def reference_audits(episodes: int) -> list[dict]:
     """The scripted cooperative and solo teams (options.scripted_choice) on every built-in layout, on its first
     `episodes` distinct test start states."""
@@ -535,6 +548,65 @@ def audit_run(run_dir: str, episodes: int, temperature: float = 0.0, device: str
     return rows
 
 
+def read_sweep_audits(sweep: str) -> list[list[dict]]:
+    """Each finished seed's audit over training (SWEEP/seedK/audit.jsonl, written by `audit.py SWEEP/seedK`)."""
+    import json
+
+    runs = sorted(d for d in os.listdir(sweep) if re.fullmatch(r"seed\d+", d)) if os.path.isdir(sweep) else []
+    audits = []
+    for run in runs:
+        path = os.path.join(sweep, run, "audit.jsonl")
+        if os.path.exists(path):
+            try:
+                audits.append([json.loads(line) for line in envs.read_text(path, "audit.py's audit.jsonl")
+                               .splitlines() if line.strip()])
+            except json.JSONDecodeError as e:
+                raise envs.InputError(f"{path} is not JSON lines ({e.msg}); expected audit.py's audit.jsonl") from None
+    if not audits:
+        raise envs.InputError(f"{sweep}: no seedK/audit.jsonl; expected a sweep folder of train.py whose runs were "
+                              "audited over training (python audit.py SWEEP/seedK)")
+    return audits
+
+
+def plot_decoupling(sweeps: dict[str, str], path: str) -> None:
+    """The decoupling figure: for each sweep (a solo-possible and a cooperation-necessary layout of one game),
+    over training: the team's greedy score, the progress share of the agent who does more and of the one who
+    does less, and the relative score drop when that agent idles; the mean over seeds with a 95% bootstrap
+    band. Agents are ranked per seed by their final progress share (which agent ends up the worker varies)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(3, len(sweeps), figsize=(4.2 * len(sweeps), 7.5), sharex="col", squeeze=False)
+    for col, (label, sweep) in enumerate(sweeps.items()):
+        audits = read_sweep_audits(sweep)
+        common = sorted(set.intersection(*[{r["iteration"] for r in a} for a in audits]))
+        rows = [[next(r for r in a if r["iteration"] == it) for it in common] for a in audits]  # (seeds, points)
+        n_agents = sum(k.endswith(".progress_share") and k.startswith("agent") for k in rows[0][0])
+        panels = [("score", {"team score": [[r["score"] for r in seed] for seed in rows]})]
+        shares, drops = {}, {}
+        for rank, name in ((0, "agent doing more"), (n_agents - 1, "agent doing less")):
+            order = [sorted(range(n_agents), key=lambda i: -seed[-1][f"agent{i}.progress_share"]) for seed in rows]
+            shares[name] = [[r[f"agent{o[rank]}.progress_share"] for r in seed] for seed, o in zip(rows, order)]
+            drops[name] = [[r[f"agent{o[rank]}.ablation_idle_drop_rel"] for r in seed] for seed, o in zip(rows, order)]
+        panels += [("progress share", shares), ("score drop when it idles (relative)", drops)]
+        for row, (ylabel, series) in enumerate(panels):
+            ax = axes[row][col]
+            for k, (name, values) in enumerate(series.items()):
+                mean, low, high = band(values)
+                ax.plot(common, mean, marker="o", color=f"C{k}", label=name)
+                ax.fill_between(common, low, high, color=f"C{k}", alpha=0.2)
+            ax.set_ylim(-0.05, 1.05)
+            ax.set_ylabel(ylabel, fontsize=8)
+            ax.legend(fontsize=7, loc="best")
+        axes[0][col].set_title(f"{label} ({len(rows)} seeds)", fontsize=9)
+        axes[-1][col].set_xlabel("training iteration (0: frozen base)")
+    fig.suptitle("Reward is not cooperation: mean over seeds, 95% bootstrap bands", fontsize=10)
+    fig.tight_layout()
+    save_figure(fig, path, dpi=100)
+
+
 def final_audit_rows(run_dirs: Sequence[str]) -> list[dict]:
     """One row per train.py run folder from the audit it wrote at its final evaluation (audit_final.json),
     with the run's game, layout, model, advantage mode and whether the layout can be solved alone."""
@@ -571,9 +643,22 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--temperature", type=envs.number(0, 100), default=0.0,
                         help="a run's teams: 0 plays them greedily (audit.*), T > 0 samples at T (audit_T{T}.*)")
     parser.add_argument("--device", default=None, help="a run's audit: cpu, cuda or cuda:N (default: the run's)")
+    parser.add_argument("--decoupling", nargs="+", metavar="LABEL=SWEEP",
+                        help="the decoupling figure of sweeps whose runs were audited over training, e.g. "
+                             "solo=runs/coop_push-small_boxes-seeds coop=runs/coop_push-heavy_only-seeds")
+    parser.add_argument("--figure", default="decoupling.png", help="where --decoupling writes its PNG")
     cli = parser.parse_args(argv)
-    if sum(map(bool, (cli.run_dir, cli.final, cli.reference))) > 1:
-        raise envs.InputError("RUN_DIR, --final and --reference are different audits; expected one of them")
+    if sum(map(bool, (cli.run_dir, cli.final, cli.reference, cli.decoupling))) > 1:
+        raise envs.InputError("RUN_DIR, --final, --reference and --decoupling are different audits; expected one "
+                              "of them")
+    if cli.decoupling:
+        pairs = [item.partition("=") for item in cli.decoupling]
+        if any(not label or not sep or not sweep for label, sep, sweep in pairs):
+            raise envs.InputError(f"--decoupling {' '.join(cli.decoupling)}: expected LABEL=SWEEP_FOLDER items")
+        envs.check_output_file(cli.figure, "--figure")
+        plot_decoupling({label: sweep for label, _, sweep in pairs}, cli.figure)
+        print(f"wrote {cli.figure}")
+        return
     if cli.temperature > 0 and not cli.run_dir:
         raise envs.InputError("--temperature applies to a RUN_DIR audit only (--final reads saved greedy audits, "
                               "--reference plays scripted teams)")

@@ -1257,7 +1257,7 @@ def test_a_sweep_trains_one_run_per_seed_summarizes_and_resumes(tmp_path, capsys
         assert run["last_test_score"] == last and run["competent"] == (run["selected_test_score"] >= 0.8)
     scores = [r["selected_test_score"] for r in summary["runs"]]
     assert summary["selected_test_score"]["mean"] == pytest.approx(np.mean(scores))
-    assert summary["selected_test_score"]["ci95"] == train.bootstrap_ci(scores)
+    assert summary["selected_test_score"]["ci95"] == audit.bootstrap_ci(scores)
     assert "seeds competent" in open(os.path.join(out, "summary.md")).read()
     printed = capsys.readouterr().out
     assert "seed 0: iter 2/2" in printed and "seed 1: iter 2/2" in printed
@@ -1278,9 +1278,9 @@ def test_sweep_helpers():
             train.parse_seed_list(bad)
     assert train.run_flags(["--game", "forage", "--seeds", "0-4", "--jobs=5", "--out", "d", "--lr", "1e-3"]) == \
         ["--game", "forage", "--lr", "1e-3"]
-    assert train.bootstrap_ci([0.5, 0.5, 0.5]) == [0.5, 0.5]
-    low, high = train.bootstrap_ci([0.0, 1.0, 1.0, 1.0, 0.0])
-    assert 0.0 <= low < 0.6 < high <= 1.0 and train.bootstrap_ci([0.0, 1.0, 1.0, 1.0, 0.0]) == [low, high]
+    assert audit.bootstrap_ci([0.5, 0.5, 0.5]) == [0.5, 0.5]
+    low, high = audit.bootstrap_ci([0.0, 1.0, 1.0, 1.0, 0.0])
+    assert 0.0 <= low < 0.6 < high <= 1.0 and audit.bootstrap_ci([0.0, 1.0, 1.0, 1.0, 0.0]) == [low, high]
     evals = [{"tag": "validation", "iteration": 9, "eval/score": 0.9}, {"tag": "validation", "iteration": 19,
              "eval/score": 0.9}, {"tag": "validation", "iteration": 29, "eval/score": 0.5}, {"tag": "final",
              "iteration": 29, "eval/score": 1.0}]
@@ -2163,5 +2163,29 @@ def test_sweep_curves_draw_the_mean_and_a_band_over_seeds(tmp_path):
     assert summary["finished"] == 3 and abs(summary["selected_test_score"]["mean"] - 0.8) < 1e-9
     with Image.open(tmp_path / "curves.png") as image:
         assert image.format == "PNG" and image.size[0] > 400
-    mean, low, high = train.band([[0.0, 1.0], [1.0, 1.0]])
+    mean, low, high = audit.band([[0.0, 1.0], [1.0, 1.0]])
     assert list(mean) == [0.5, 1.0] and low[0] == 0.0 and high[0] == 1.0 and low[1] == high[1] == 1.0
+
+
+def test_decoupling_figure_reads_the_audits_of_two_sweeps(tmp_path, capsys):
+    from PIL import Image
+
+    for label, solo in (("solo", True), ("coop", False)):
+        for seed in range(3):
+            run = tmp_path / label / f"seed{seed}"
+            run.mkdir(parents=True)
+            rows = []
+            for it in (0, 10, 20):
+                worker = 1 if solo else 0.5 + 0.02 * seed
+                rows.append({"iteration": it, "score": it / 20, "agent0.progress_share": worker,
+                             "agent1.progress_share": 1 - worker, "agent0.ablation_idle_drop_rel": it / 20,
+                             "agent1.ablation_idle_drop_rel": 0.0 if solo else it / 20})
+            (run / "audit.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    figure = tmp_path / "decoupling.png"
+    audit.main(["--decoupling", f"solo={tmp_path / 'solo'}", f"coop={tmp_path / 'coop'}", "--figure", str(figure)])
+    with Image.open(figure) as image:
+        assert image.format == "PNG" and image.size[0] > 600
+    with pytest.raises(envs.InputError, match="no seedK/audit.jsonl"):
+        audit.main(["--decoupling", f"x={tmp_path}", "--figure", str(figure)])
+    with pytest.raises(envs.InputError, match="expected LABEL=SWEEP_FOLDER"):
+        audit.main(["--decoupling", str(tmp_path / "solo")])

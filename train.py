@@ -671,12 +671,6 @@ def run_flags(argv: list[str]) -> list[str]:
     return kept
 
 
-def bootstrap_ci(values: list[float], resamples: int = 10_000, seed: int = 0) -> list[float]:
-    """95% percentile bootstrap confidence interval of the mean (seeded: the same values give the same CI)."""
-    draws = np.random.default_rng(seed).choice(np.asarray(values, float), (resamples, len(values)))
-    return [float(x) for x in np.percentile(draws.mean(axis=1), [2.5, 97.5])]
-
-
 def last_progress(path: str) -> str:
     """The newest progress line of a run's log (iteration, evaluation or error), '' if none yet."""
     try:
@@ -788,7 +782,7 @@ def sweep_summary(out: str, plan: dict) -> dict:
     for key in ("selected_test_score", "last_test_score"):
         values = [r[key] for r in done]
         summary[key] = {"mean": float(np.mean(values)) if values else None,
-                        "ci95": bootstrap_ci(values) if values else None}
+                        "ci95": audit.bootstrap_ci(values) if values else None}
     summary["runs"] = rows
     write_json(os.path.join(out, "summary.json"), summary)
     if done:
@@ -811,13 +805,6 @@ def sweep_summary(out: str, plan: dict) -> dict:
                      f"| {r['test_states']} | {r['wall_s'] / 60:.1f} min |")
     envs.write_file(os.path.join(out, "summary.md"), "\n".join(lines) + "\n")
     return summary
-
-
-def band(values_by_seed: list[list[float]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Per point over seeds (rows: seeds, columns: points): the mean and its 95% bootstrap CI."""
-    values = np.asarray(values_by_seed, float)  # (S, P)
-    cis = np.array([bootstrap_ci(list(values[:, p])) for p in range(values.shape[1])])  # (P, 2)
-    return values.mean(axis=0), cis[:, 0], cis[:, 1]
 
 
 def plot_sweep(out: str, run_dirs: list[str], path: str) -> None:
@@ -847,7 +834,7 @@ def plot_sweep(out: str, run_dirs: list[str], path: str) -> None:
             continue
         for seed_values in values:
             ax.plot(at, seed_values, color=colour, alpha=0.25, linewidth=0.8)
-        mean, low, high = band(values)
+        mean, low, high = audit.band(values)
         ax.plot(at, mean, color=colour, linewidth=2, marker="o" if colour == "C1" else None,
                 label=f"{label}: mean of {len(values)} seeds")
         ax.fill_between(at, low, high, color=colour, alpha=0.2)
@@ -860,7 +847,7 @@ def plot_sweep(out: str, run_dirs: list[str], path: str) -> None:
         ax.axhline(float(np.mean(scores)), color="gray", linestyle=style, linewidth=1, label=f"{name} (greedy)")
     selected = [r["eval/score"] for e in evals for r in e if r["tag"] == "selected"]
     if selected:
-        low, high = bootstrap_ci(selected)
+        low, high = audit.bootstrap_ci(selected)
         mean = float(np.mean(selected))
         ax.errorbar([iterations + 1.5], [mean], yerr=[[mean - low], [high - mean]], fmt="s", color="C3",
                     capsize=4, label=f"selected checkpoint, test states: {mean:.2f} [{low:.2f}, {high:.2f}]")
