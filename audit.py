@@ -256,15 +256,21 @@ def audit_team(game: Game, library: Library, chooses: Sequence[Choose], seeds: S
 
 
 def audit_llm_team(policy, game_factory, library: Library, agents: list, seeds: Sequence[int], menu_filter=None,
-                   rng_seed: int = 0, temperature: float = 0.0) -> dict:
+                   rng_seed: int = 0, temperature: float = 0.0, intact: list | None = None) -> dict:
     """audit_with for LLM agents (adapter names, or None for the frozen base), played greedily (temperature
     0) or sampled at `temperature` from generators seeded by (rng_seed, episode seed), with every episode's
-    decisions batched (policy_lib.play); stand-ins replace agents as in audit_team."""
+    decisions batched (policy_lib.play); stand-ins replace agents as in audit_team. intact: the intact team's
+    episodes on these seeds when already played (train.py's final evaluation), so they are not played again."""
     import policy as policy_lib
 
     seeds = list(seeds)
 
+    if intact is not None and len(intact) != len(seeds):
+        raise ValueError(f"intact: expected the episodes of the {len(seeds)} audited seeds, in order")
+
     def play_team(stand_ins: dict) -> list:
+        if not stand_ins and intact is not None:
+            return intact
         team = []
         for i, a in enumerate(agents):
             if i in stand_ins:  # one stand-in (and generator) per episode seed, as in audit_team

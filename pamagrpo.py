@@ -68,7 +68,7 @@ import torch
 from torch.profiler import record_function
 
 import options
-from policy import EVAL_ITERATION, Decision, MenuPolicy, Step, check_finite, play, sampling_generator
+from policy import EVAL_ITERATION, Decision, MenuPolicy, Step, check_finite, episodes, play, sampling_generator
 
 def agent_names(n_agents: int) -> list[str]:
     return [f"agent{i}" for i in range(n_agents)]
@@ -302,13 +302,16 @@ def iteration(policy: MenuPolicy, optimizers, game_factory, library, menu_filter
 
 
 def evaluate(policy: MenuPolicy, game_factory, library, menu_filter, seeds: list[int], agents: list[str | None],
-             temperature: float = 0.0, seed: int = 0) -> dict[str, float]:
+             temperature: float = 0.0, seed: int = 0, episodes_out: list | None = None) -> dict[str, float]:
     """Greedy (T = 0) or sampled evaluation on fixed seeds: mean normalized score and return. Under
-    torchrun the seeds are split across ranks and the results gathered."""
+    torchrun the seeds are split across ranks and the results gathered. episodes_out: receives this rank's
+    episodes (policy.episodes), e.g. for the final audit's intact team."""
     seeds = my_share(seeds)
     games = [game_factory() for _ in seeds]
     gens = [sampling_generator(seed, EVAL_ITERATION, s, 0) for s in seeds]
     runners, steps = play(games, seeds, library, menu_filter, policy, agents, temperature, gens)
+    if episodes_out is not None:
+        episodes_out.extend(episodes(runners))
     scores = all_gather([run.game.score for run in runners])
     entropies = all_gather([float(-(s.old_logp.exp() * s.old_logp).sum()) for s in steps])
     return {"score": float(np.mean(scores)), "score_std": float(np.std(scores)),

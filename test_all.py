@@ -2189,3 +2189,20 @@ def test_decoupling_figure_reads_the_audits_of_two_sweeps(tmp_path, capsys):
         audit.main(["--decoupling", f"x={tmp_path}", "--figure", str(figure)])
     with pytest.raises(envs.InputError, match="expected LABEL=SWEEP_FOLDER"):
         audit.main(["--decoupling", str(tmp_path / "solo")])
+
+
+def test_the_final_audit_reuses_the_final_evaluations_intact_episodes():
+    policy = make_policy()
+    game = envs.make_game("coop_push", "heavy_only")
+    library = options.make_library(game)
+    seeds = envs.split_seeds(game, "test", 4)
+    episodes: list = []
+    train.pamagrpo.evaluate(policy, lambda: envs.make_game("coop_push", "heavy_only"), library, None, seeds,
+                            ["agent0", "agent1"], 0.0, 0, episodes_out=episodes)
+    assert len(episodes) == 4
+    factory = lambda: envs.make_game("coop_push", "heavy_only")  # noqa: E731
+    reused = audit.audit_llm_team(policy, factory, library, ["agent0", "agent1"], seeds[:2], intact=episodes[:2])
+    played = audit.audit_llm_team(policy, factory, library, ["agent0", "agent1"], seeds[:2])
+    assert reused == played
+    with pytest.raises(ValueError, match="intact"):
+        audit.audit_llm_team(policy, factory, library, ["agent0", "agent1"], seeds[:2], intact=episodes[:1])

@@ -598,7 +598,9 @@ def main(argv: list[str] | None = None) -> str:
 
     # ------------------------------------------------------------------------- final evaluation and report
     if args.iterations > 0:
-        result = pamagrpo.evaluate(policy, game_factory, library, menu_filter, eval_seeds, names, 0.0, args.seed)
+        final_episodes: list = []  # the intact team's episodes, reused by the audit (one process only)
+        result = pamagrpo.evaluate(policy, game_factory, library, menu_filter, eval_seeds, names, 0.0, args.seed,
+                                   episodes_out=final_episodes)
         if lead:
             append_jsonl(eval_path, {**eval_record("final", args.iterations - 1, result), "states": len(eval_seeds)})
             save_adapters(policy, os.path.join(run_dir, "adapters"))
@@ -607,9 +609,10 @@ def main(argv: list[str] | None = None) -> str:
             if args.audit_episodes:  # who did the work, and what each agent is worth (audit.py)
                 t0 = time.perf_counter()
                 audit_seeds = eval_seeds[:args.audit_episodes]
+                intact = final_episodes[:len(audit_seeds)] if pamagrpo.rank_and_world()[1] == 1 else None
                 row = {"iteration": args.iterations, "team": "trained adapters", "episodes": len(audit_seeds),
                        **audit.audit_llm_team(policy, game_factory, library, names, audit_seeds, menu_filter,
-                                              args.seed)}
+                                              args.seed, intact=intact)}
                 write_json(os.path.join(run_dir, "audit_final.json"), row)
                 chooses = [policy_lib.llm_choose(policy, n) for n in names]
                 envs.write_file(os.path.join(run_dir, "replay.txt"),  # and the same episode as replay.gif
