@@ -2206,3 +2206,23 @@ def test_the_final_audit_reuses_the_final_evaluations_intact_episodes():
     assert reused == played
     with pytest.raises(ValueError, match="intact"):
         audit.audit_llm_team(policy, factory, library, ["agent0", "agent1"], seeds[:2], intact=episodes[:1])
+
+
+def test_a_shared_prompt_prefix_runs_once_and_changes_nothing(monkeypatch):
+    """Rows that begin with the same prompt tokens (system prompt, chat markup) continue from one cached prefix
+    per adapter in no-grad full forwards: the same log-probs and trunk outputs as running every row whole."""
+    import policy as policy_module
+
+    policy = make_policy(lora_layers=1)
+    decisions = decisions_for(policy)  # two agents and the base: the prefix runs once per adapter
+    with_prefix, without = {}, {}
+    start = policy.tokens_processed
+    shared = policy.menu_log_probs(decisions, trunk_cache=with_prefix)
+    shared_tokens = policy.tokens_processed - start
+    monkeypatch.setattr(policy_module, "SHARED_PREFIX_MIN", 10**9)
+    start = policy.tokens_processed
+    whole = policy.menu_log_probs(decisions, trunk_cache=without)
+    assert shared_tokens < policy.tokens_processed - start  # the prefix really was shared
+    assert all(torch.allclose(a, b, atol=1e-5) for a, b in zip(shared, whole))
+    assert with_prefix.keys() == without.keys()
+    assert all(torch.allclose(with_prefix[k], without[k], atol=1e-5) for k in without)
