@@ -507,6 +507,29 @@ def load_run(run_dir: str, model: str | None = None, device: str | None = None):
     return config, game_factory, library, guards, policy
 
 
+def margins_report(run_dir: str, episodes: int, device: str | None = None) -> list[dict]:
+    """greedy_margins of a run's final adapters on its first `episodes` test start states: RUN/margins.jsonl (one
+    row per decision) and RUN/margins.md (one row per episode), and the per-episode table printed."""
+    import json
+
+    config, game_factory, library, guards, policy = load_run(run_dir, device=device)
+    policy.load_adapters(os.path.join(run_dir, "adapters"))
+    seeds = envs.split_seeds(game_factory(), "test", episodes)
+    names = [f"agent{i}" for i in range(game_factory().n_agents)]
+    rows = greedy_margins(policy, game_factory, library, names, seeds, guards.menu_filter if guards else None)
+    summary = margins_summary(rows)
+    envs.write_file(os.path.join(run_dir, "margins.jsonl"), "".join(json.dumps(r) + "\n" for r in rows))
+    columns = list(summary[0])
+    lines = [f"# Greedy decisions of {run_dir} ({config['game']}/{config['layout']}, final adapters, "
+             f"{len(seeds)} test start states)", "", "| " + " | ".join(columns) + " |",
+             "| " + " | ".join("---" for _ in columns) + " |"]
+    lines += ["| " + " | ".join(f"{r[c]:.3f}" if isinstance(r[c], float) else str(r[c]) for c in columns) + " |"
+              for r in summary]
+    envs.write_file(os.path.join(run_dir, "margins.md"), "\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return rows
+
+
 def audit_run(run_dir: str, episodes: int, temperature: float = 0.0, device: str | None = None) -> list[dict]:
     """Audit the frozen base and every adapter snapshot of a run (reward and cooperation over training) on
     the first `episodes` distinct test start states (envs.split_seeds: never trained on, the same states
@@ -613,6 +636,62 @@ def plot_decoupling(sweeps: dict[str, str], path: str) -> None:
     save_figure(fig, path, dpi=100)
 
 
+def greedy_margins(policy, game_factory, library: Library, agents: list, seeds: Sequence[int],
+                   menu_filter=None) -> list[dict]:
+    """Why greedy play can fail where sampled play succeeds: every decision of greedy episodes on `seeds`, with
+    the menu's entropy, the argmax margin (log-prob of the chosen option minus the runner-up's), the chosen
+    option and whether it succeeded, and the decision's streak: how many times in a row this agent has chosen
+    this option and seen it fail (a loop that greedy play cannot leave, while sampling would)."""
+    import policy as policy_lib
+
+    seeds = list(seeds)
+    gens = [policy_lib.sampling_generator(0, policy_lib.EVAL_ITERATION, s, 0) for s in seeds]
+    runners, steps = policy_lib.play([game_factory() for _ in seeds], seeds, library, menu_filter, policy, agents,
+                                     0.0, gens)
+    outcome = {(r, x.agent, x.start): x for r, run in enumerate(runners) for x in run.executions}
+    streak: dict[tuple[int, int], tuple[str, int]] = {}
+    rows = []
+    for st in sorted(steps, key=lambda st: (st.rollout, st.t, st.agent)):
+        logp = st.old_logp.detach().float().cpu()  # (K,)
+        top = torch_topk2(logp)
+        text = st.decision.menu[st.choice]
+        x = outcome.get((st.rollout, st.agent, st.t))
+        failed = x is not None and x.success is False
+        last, count = streak.get((st.rollout, st.agent), ("", 0))
+        count = (count + 1 if last == text else 1) if failed else 0
+        streak[st.rollout, st.agent] = (text, count)
+        rows.append({"episode": st.rollout, "seed": seeds[st.rollout], "t": st.t, "agent": st.agent + 1,
+                     "option": text, "menu": len(st.decision.menu), "entropy": float(-(logp.exp() * logp).sum()),
+                     "margin": top, "failed": failed, "failed_streak": count,
+                     "score": runners[st.rollout].game.score})
+    return rows
+
+
+def torch_topk2(logp) -> float:
+    """Largest minus second-largest entry (inf for a one-option menu)."""
+    if len(logp) < 2:
+        return float("inf")
+    first, second = logp.topk(2).values.tolist()
+    return first - second
+
+
+def margins_summary(rows: list[dict]) -> list[dict]:
+    """Per episode: score, decisions, mean entropy and margin, the failure rate of greedy choices, and the
+    longest failed streak with its option."""
+    out = []
+    for episode in sorted({r["episode"] for r in rows}):
+        ep = [r for r in rows if r["episode"] == episode]
+        worst = max(ep, key=lambda r: r["failed_streak"])
+        finite = [r["margin"] for r in ep if r["margin"] != float("inf")]
+        out.append({"seed": ep[0]["seed"], "score": ep[0]["score"], "decisions": len(ep),
+                    "entropy": float(np.mean([r["entropy"] for r in ep])),
+                    "margin": float(np.mean(finite)) if finite else float("nan"),
+                    "failed": float(np.mean([r["failed"] for r in ep])),
+                    "longest_failed_streak": worst["failed_streak"],
+                    "streak_option": f"agent {worst['agent']}: {worst['option']}" if worst["failed_streak"] else "-"})
+    return out
+
+
 def final_audit_rows(run_dirs: Sequence[str]) -> list[dict]:
     """One row per train.py run folder from the audit it wrote at its final evaluation (audit_final.json),
     with the run's game, layout, model, advantage mode and whether the layout can be solved alone."""
@@ -653,10 +732,18 @@ def main(argv: Sequence[str] | None = None) -> None:
                         help="the decoupling figure of sweeps whose runs were audited over training, e.g. "
                              "solo=runs/coop_push-small_boxes-seeds coop=runs/coop_push-heavy_only-seeds")
     parser.add_argument("--figure", default="decoupling.png", help="where --decoupling writes its PNG")
+    parser.add_argument("--margins", metavar="RUN_DIR", help="greedy play of a run's final adapters on test start "
+                        "states: entropy, argmax margin and failed-choice streaks per decision (margins.jsonl/md)")
     cli = parser.parse_args(argv)
-    if sum(map(bool, (cli.run_dir, cli.final, cli.reference, cli.decoupling))) > 1:
-        raise envs.InputError("RUN_DIR, --final, --reference and --decoupling are different audits; expected one "
-                              "of them")
+    if sum(map(bool, (cli.run_dir, cli.final, cli.reference, cli.decoupling, cli.margins))) > 1:
+        raise envs.InputError("RUN_DIR, --final, --reference, --decoupling and --margins are different audits; "
+                              "expected one of them")
+    if cli.margins:
+        if not os.path.isdir(os.path.join(cli.margins, "adapters")):
+            raise envs.InputError(f"--margins {cli.margins}: no adapters/ folder; expected a finished run folder of "
+                                  "train.py")
+        margins_report(cli.margins, cli.seeds, cli.device)
+        return
     if cli.decoupling:
         pairs = [item.partition("=") for item in cli.decoupling]
         if any(not label or not sep or not sweep for label, sep, sweep in pairs):

@@ -1207,6 +1207,10 @@ def test_training_raises_reward_on_a_tiny_model(tmp_path, capsys):
     assert os.path.exists(os.path.join(run_dir, "audit_T1.png"))
     assert not os.path.exists(os.path.join(run_dir, "audit.md"))  # no greedy audit was asked for
     assert "sampled at temperature 1" in open(os.path.join(run_dir, "audit_T1.md")).read()
+    audit.main(["--margins", run_dir, "--seeds", "2"])  # greedy decisions: entropy, margins, failed streaks
+    margins = [json.loads(line) for line in open(os.path.join(run_dir, "margins.jsonl"))]
+    assert {m["seed"] for m in margins} == set(envs.split_seeds(envs.make_game("coop_push", "heavy_only"), "test", 2))
+    assert "longest_failed_streak" in open(os.path.join(run_dir, "margins.md")).read()
     for bad in ([run_dir, "--temperature", "-1"], [run_dir, "--temperature", "nan"],
                 ["--final", run_dir, "--temperature", "1"]):
         with pytest.raises(envs.InputError):
@@ -2226,3 +2230,23 @@ def test_a_shared_prompt_prefix_runs_once_and_changes_nothing(monkeypatch):
     assert all(torch.allclose(a, b, atol=1e-5) for a, b in zip(shared, whole))
     assert with_prefix.keys() == without.keys()
     assert all(torch.allclose(with_prefix[k], without[k], atol=1e-5) for k in without)
+
+
+def test_greedy_margins_report_argmax_margins_and_failed_streaks():
+    policy = make_policy()
+    game = envs.make_game("coop_push", "heavy_only")
+    library = options.make_library(game)
+    seeds = envs.split_seeds(game, "test", 2)
+    rows = audit.greedy_margins(policy, lambda: envs.make_game("coop_push", "heavy_only"), library,
+                                ["agent0", "agent1"], seeds)
+    assert rows and all(r["margin"] >= 0 and r["entropy"] >= 0 for r in rows)
+    previous: dict = {}
+    for r in rows:  # a streak grows while the same agent keeps choosing the same failing option
+        last = previous.get((r["episode"], r["agent"]))
+        expected = 0 if not r["failed"] else (last["failed_streak"] + 1 if last and last["failed"] and
+                                              last["option"] == r["option"] else 1)
+        assert r["failed_streak"] == expected
+        previous[r["episode"], r["agent"]] = r
+    summary = audit.margins_summary(rows)
+    assert [s["seed"] for s in summary] == seeds
+    assert all(s["decisions"] == sum(r["episode"] == k for r in rows) for k, s in enumerate(summary))
