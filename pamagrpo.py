@@ -45,7 +45,9 @@ Departures from GRPO (Shao et al. 2024) and MAGRPO:
 - one optimizer step per agent per epoch on the whole iteration's decisions (minibatches only bound
   memory and accumulate gradient), so pi_old is the first epoch's own forward and needs no extra pass;
   with `epochs=1` the ratio is exactly 1 and the clip never binds (on-policy policy gradient, above);
-- rollouts sampled at temperature T != 1 are treated as if drawn from pi_i (no correction: off-policy);
+- rollouts sampled at temperature T != 1 are treated as if drawn from pi_i (no correction: off-policy); so
+  are greedy rollouts (`greedy_rollouts` > 0: the first k of each group play the argmax, so the greedy
+  policy's own loops get advantages) and a decaying temperature (train.py `--temperature-decay`);
 - with adapters only in the top layers (`lora_layers`), the update replays the rollouts' cached trunk
   outputs instead of recomputing the frozen bottom layers (identical math, a fraction of the cost);
 - under torchrun, ranks split the start states (whole groups) and sum each agent's gradient before its
@@ -264,8 +266,9 @@ def make_optimizers(policy: MenuPolicy, names: list[str], lr: float) -> dict[str
 
 def iteration(policy: MenuPolicy, optimizers, game_factory, library, menu_filter, seeds: list[int],
               group_size: int, temperature: float, credit_mode: str, advantage_mode: str, cfg: UpdateConfig,
-              seed: int, it: int, gamma: float = 1.0) -> dict[str, float]:
+              seed: int, it: int, gamma: float = 1.0, greedy_rollouts: int = 0) -> dict[str, float]:
     """One PA-MAGRPO iteration: group rollouts -> credit -> advantages -> per-agent update. Returns metrics.
+    greedy_rollouts: the first k rollouts of every group are played greedily (T = 0) instead of sampled.
 
     Under torchrun each rank plays the groups of its share of `seeds` (whole groups, so advantages stay
     local) and the update all-reduces gradients; the metrics are gathered from every rank."""
@@ -279,8 +282,9 @@ def iteration(policy: MenuPolicy, optimizers, game_factory, library, menu_filter
     gens = [sampling_generator(seed, it, rollout_seeds[r], r % group_size) for r in range(n_rollouts)]
     names = sorted(optimizers)
     trunk_cache: dict = {}  # (prompt, menu) -> trunk output, reused by the update (lora_layers > 0)
+    temperatures = [0.0 if r % group_size < greedy_rollouts else temperature for r in range(n_rollouts)]
     with record_function("rollout"):
-        runners, steps = play(games, rollout_seeds, library, menu_filter, policy, names, temperature, gens,
+        runners, steps = play(games, rollout_seeds, library, menu_filter, policy, names, temperatures, gens,
                               trunk_cache)
     t_rollout = time.perf_counter() - t0
     max_reward = games[0].max_reward
@@ -294,6 +298,7 @@ def iteration(policy: MenuPolicy, optimizers, game_factory, library, menu_filter
     elapsed = time.perf_counter() - t0
     out = {"iteration": it, "rollout/return_mean": float(np.mean(raw)), "rollout/return_std": float(np.std(raw)),
            "rollout/score_mean": float(np.mean(scores)), "rollout/zero_std_groups": float(zero / max(units, 1)),
+           "rollout/temperature": temperature,
            "rollout/decisions": sum(all_gather([len(steps)])), "rollout/episode_steps": float(np.mean(lengths)),
            "time/rollout_s": t_rollout, "time/update_s": elapsed - t_rollout, "time/iteration_s": elapsed,
            "time/tokens": sum(all_gather([policy.tokens_processed - tokens0]))}

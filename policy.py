@@ -830,12 +830,14 @@ def sample_choice(logp: torch.Tensor, temperature: float, generator: torch.Gener
 
 
 def play(games: list[envs.Game], seeds: list[int], library: options_lib.Library, menu_filter, policy: MenuPolicy,
-         agents: list[str | None], temperature: float, generators: list[torch.Generator],
+         agents: list[str | None], temperature: float | list[float], generators: list[torch.Generator],
          trunk_cache: dict | None = None):
     """Play one episode per game in lockstep, batching every pending decision of every rollout into one
     scoring call. agents[i]: adapter name of agent i, None for the frozen base, or a `choose(runner,
-    agent, menu)` function (a scripted stand-in, not recorded as a step). trunk_cache: filled with every
-    decision's trunk output for the update (see policy.py). Returns (runners, steps)."""
+    agent, menu)` function (a scripted stand-in, not recorded as a step). temperature: one for every rollout, or
+    one per rollout (0: greedy). trunk_cache: filled with every decision's trunk output for the update (see
+    policy.py). Returns (runners, steps)."""
+    temperatures = temperature if isinstance(temperature, list) else [temperature] * len(games)
     runners = []
     for game, seed in zip(games, seeds):
         game.reset(seed)
@@ -859,7 +861,7 @@ def play(games: list[envs.Game], seeds: list[int], library: options_lib.Library,
         for decision, logp in zip(decisions, logps):
             check_finite(f"a menu log-probability of {decision.agent or 'the frozen base'}", logp)
         for (r, i), menu, decision, logp in zip(pending, menus, decisions, logps):
-            choice = sample_choice(logp, temperature, generators[r])
+            choice = sample_choice(logp, temperatures[r], generators[r])
             steps.append(Step(r, i, runners[r].game.t, decision, choice, logp))
             runners[r].assign(i, menu[choice])
         for run in runners:

@@ -1828,6 +1828,8 @@ HOSTILE_CASES = [  # (CLI, argv, a phrase the one line must hold)
     ("train", ["--seed", "-1"], "--seed: '-1'"),
     ("train", ["--seed", "99999999999"], "--seed: '99999999999'"),
     ("train", ["--jobs", "0"], "--jobs: '0'"),
+    ("train", ["--greedy-rollouts", "4"], "--greedy-rollouts 4: every rollout of a group would be greedy"),
+    ("train", ["--temperature-decay", "0"], "--temperature-decay: '0': expected a finite number in (0, 1]"),
     ("train", ["--base-temperatures", "0,nan"], "--base-temperatures '0,nan': expected comma-separated finite"),
     ("train", ["--seeds", "4-2"], "--seeds '4-2': expected"),
     ("train", ["--seeds", "0,0"], "--seeds '0,0': expected"),
@@ -1902,7 +1904,7 @@ HOSTILE_CASES = [  # (CLI, argv, a phrase the one line must hold)
     ("audit", ["--temperature", "nan", "{root}/run"], "--temperature: 'nan'"),
     ("audit", ["--temperature", "-1", "{root}/run"], "--temperature: '-1'"),
     ("audit", ["--reference", "--temperature", "1"], "--temperature applies to a RUN_DIR audit only"),
-    ("audit", ["--reference", "{root}/run"], "RUN_DIR, --final and --reference are different audits"),
+    ("audit", ["--reference", "{root}/run"], "RUN_DIR, --final, --reference, --decoupling and --margins are different"),
     ("audit", ["--device", "tpu", "{root}/run"], "--device 'tpu': expected cpu, cuda or cuda:N"),
     ("audit", ["--ref"], "unrecognized arguments: --ref"),
     ("audit", ["{root}/nowhere"], "{root}/nowhere: not a folder"),
@@ -2250,3 +2252,41 @@ def test_greedy_margins_report_argmax_margins_and_failed_streaks():
     summary = audit.margins_summary(rows)
     assert [s["seed"] for s in summary] == seeds
     assert all(s["decisions"] == sum(r["episode"] == k for r in rows) for k, s in enumerate(summary))
+
+
+def test_temperature_decay_falls_linearly_to_its_fraction_at_the_last_iteration():
+    args = train.Args(temperature=1.0, temperature_decay=0.5, iterations=5)
+    assert [train.sampling_temperature(args, it) for it in range(5)] == [1.0, 0.875, 0.75, 0.625, 0.5]
+    assert train.sampling_temperature(train.Args(), 17) == 1.0  # the default: constant
+
+
+def test_greedy_rollouts_play_the_argmax_and_the_rest_sample():
+    policy = make_policy(lora_layers=1)
+    optimizers = train.pamagrpo.make_optimizers(policy, policy.agents, 1e-3)
+    game = envs.make_game("coop_push", "heavy_only")
+    library = options.make_library(game)
+    seeds = train.training_seeds(game, 0, 0, 2)
+    record = train.pamagrpo.iteration(policy, optimizers, lambda: envs.make_game("coop_push", "heavy_only"),
+                                      library, None, seeds, 3, 1.0, "to_go", "per_agent",
+                                      train.pamagrpo.UpdateConfig(), 0, 0, greedy_rollouts=1)
+    assert record["rollout/temperature"] == 1.0
+    steps = []
+    original = train.pamagrpo.play
+
+    def spy(*args, **kwargs):
+        out = original(*args, **kwargs)
+        steps.extend(out[1])
+        assert args[6] == [0.0, 1.0, 1.0, 0.0, 1.0, 1.0]  # per rollout: the first of each group of 3 greedy
+        return out
+
+    train.pamagrpo.play = spy
+    try:
+        train.pamagrpo.iteration(policy, optimizers, lambda: envs.make_game("coop_push", "heavy_only"), library,
+                                 None, seeds, 3, 1.0, "to_go", "per_agent", train.pamagrpo.UpdateConfig(), 0, 1,
+                                 greedy_rollouts=1)
+    finally:
+        train.pamagrpo.play = original
+    greedy = [st for st in steps if st.rollout % 3 == 0]
+    assert greedy and all(st.choice == int(torch.argmax(st.old_logp)) for st in greedy)
+    sampled = [st for st in steps if st.rollout % 3 != 0]
+    assert any(st.choice != int(torch.argmax(st.old_logp)) for st in sampled)  # the others do sample

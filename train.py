@@ -62,6 +62,8 @@ class Args:
     start_states: int = 2  # B: start states per iteration (fresh each iteration, from the training split)
     group_size: int = 4  # G: rollouts per start state; usually 4 to 16
     temperature: float = 1.0  # sampling temperature of the rollouts, > 0 (1: on-policy; otherwise off-policy)
+    temperature_decay: float = 1.0  # the last iteration samples at this fraction of --temperature (linear; 1: none)
+    greedy_rollouts: int = 0  # rollouts of each group played greedily (T = 0) instead of sampled (off-policy)
     lr: float = 1e-3  # AdamW learning rate of each adapter; usually 3e-4 to 1e-3 (top-layer adapters)
     lora_rank: int = 16  # LoRA rank r
     lora_alpha: float = 32.0  # LoRA alpha (scale alpha / r)
@@ -114,7 +116,8 @@ CHOICES = {"game": tuple(envs.GAMES), "dtype": ("auto", *policy_lib.DTYPES),
 RANGES: dict[str, tuple] = {
     "threads": (1, 1024, False, False), "iterations": (0, 1_000_000, False, False),
     "start_states": (1, 100_000, False, False), "group_size": (2, 4096, False, False),
-    "temperature": (0, 100, False, False), "lr": (0, 1, False, False), "lora_rank": (1, 1024, False, False),
+    "temperature": (0, 100, False, False), "temperature_decay": (0, 1, True, False),
+    "greedy_rollouts": (0, 4095, False, False), "lr": (0, 1, False, False), "lora_rank": (1, 1024, False, False),
     "lora_alpha": (0, 1e6, True, False), "lora_layers": (0, 10_000, False, False), "clip_eps": (0, 1, False, True),
     "kl_coef": (0, 1e6, False, False), "entropy_coef": (0, 1e6, False, False), "epochs": (1, 1000, False, False),
     "minibatch": (1, 1_000_000, False, False), "max_grad_norm": (0, 1e9, True, False), "gamma": (0, 1, True, False),
@@ -184,6 +187,9 @@ def validate(args: Args) -> None:
     if args.temperature == 0 and args.iterations > 0:
         raise ArgError("--temperature 0: greedy rollouts of one start state are identical, so every group's advantages "
                        "are 0 and nothing is learned; expected a sampling temperature > 0 (1: on-policy)")
+    if args.greedy_rollouts >= args.group_size:
+        raise ArgError(f"--greedy-rollouts {args.greedy_rollouts}: every rollout of a group would be greedy and "
+                       f"identical; expected fewer than --group-size {args.group_size}")
     try:
         temps = [float(t) for t in args.base_temperatures.split(",")]
     except ValueError:
@@ -325,8 +331,10 @@ def resolve_resume(args: Args, given: set[str]) -> Args:
         raise ArgError(f"--resume {args.resume}: cannot read {path} ({envs.one_line(e)}); expected a run folder of "
                        "train.py") from None
     names = {f.name for f in dataclasses.fields(Args)}
-    if not isinstance(saved, dict) or set(saved) != names:
+    if not isinstance(saved, dict) or not set(saved) <= names or len(saved) < len(names) // 2:
         raise ArgError(f"--resume {args.resume}: {path} is not a config of this train.py")
+    # a flag added after the run was started takes its default, which is what the run trained with
+    saved = {**{f.name: getattr(Args(), f.name) for f in dataclasses.fields(Args)}, **saved}
     for name in given - set(RESUMABLE):
         if getattr(args, name) != saved[name]:
             raise ArgError(f"--resume {args.resume}: the checkpoint was made with --{name.replace('_', '-')} "
@@ -378,6 +386,13 @@ def finished_iterations(run_dir: str) -> int:
             return int(json.load(f)["iteration"]) + 1
     except (OSError, ValueError, KeyError, TypeError):
         return 0
+
+
+def sampling_temperature(args: Args, it: int) -> float:
+    """The rollouts' temperature at iteration `it`: --temperature, falling linearly to --temperature x
+    --temperature-decay at the last iteration."""
+    progress = it / max(1, args.iterations - 1)  # 0 at the first iteration, 1 at the last
+    return args.temperature * (1 - (1 - args.temperature_decay) * progress)
 
 
 def seed_everything(seed: int) -> None:
@@ -570,8 +585,8 @@ def main(argv: list[str] | None = None) -> str:
         seeds = training_seeds(probe, args.seed, it, args.start_states)
         try:
             record = pamagrpo.iteration(policy, optimizers, game_factory, library, menu_filter, seeds,
-                                        args.group_size, args.temperature, args.credit, args.advantage, cfg,
-                                        args.seed, it, args.gamma)
+                                        args.group_size, sampling_temperature(args, it), args.credit,
+                                        args.advantage, cfg, args.seed, it, args.gamma, args.greedy_rollouts)
         except policy_lib.NonFiniteError as e:  # nothing of this iteration is saved: the checkpoint stays good
             kept = f"the checkpoint after iteration {it} is kept" if it else "no checkpoint was written"
             raise policy_lib.NonFiniteError(f"iteration {it + 1}: {e}; training stopped and {kept} in {run_dir}; "
