@@ -72,6 +72,7 @@ from torch.profiler import record_function
 import options
 from policy import EVAL_ITERATION, Decision, MenuPolicy, Step, check_finite, episodes, play, sampling_generator
 
+
 def agent_names(n_agents: int) -> list[str]:
     return [f"agent{i}" for i in range(n_agents)]
 

@@ -53,9 +53,9 @@ from __future__ import annotations
 import contextlib
 import functools
 import hashlib
-import math
 import importlib.util
 import json
+import math
 import os
 import re
 import shutil
