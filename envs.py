@@ -1080,13 +1080,16 @@ def number(low: float = -math.inf, high: float = math.inf, integer: bool = False
     return parse
 
 
-def one_line(error: BaseException) -> str:
-    """An exception as one line: an OSError names its file and reason; others keep their first line."""
+def one_line(error: BaseException, limit: int = 600) -> str:
+    """An exception as one line of at most `limit` characters: an OSError names its file and reason; others keep
+    their first line (a pathologically long value is cut in the middle)."""
     if isinstance(error, OSError) and error.strerror:
         where = f"{error.filename}: " if error.filename is not None else ""
-        return f"{where}{error.strerror}"
-    text = str(error).strip().splitlines()
-    return text[0] if text else type(error).__name__
+        line = f"{where}{error.strerror}"
+    else:
+        text = str(error).strip().splitlines()
+        line = text[0] if text else type(error).__name__
+    return line if len(line) <= limit else f"{line[:limit // 2]} ... {line[-limit // 2:]}"
 
 
 def run_cli(main, argv: list[str] | None = None) -> None:
