@@ -51,6 +51,7 @@ Test: ``HF_HUB_OFFLINE=1 pytest -q test_all.py -k policy`` (uses the random ``ti
 from __future__ import annotations
 
 import contextlib
+import copy
 import functools
 import hashlib
 import importlib.util
@@ -363,6 +364,8 @@ class MenuPolicy:
         # the packed tree mask replaces the model's own masks, sliding-window ones included (gemma3: 512)
         self.sliding_window = getattr(model.config, "sliding_window", None)
         self._option_ids: dict[str, list[int]] = {}
+        self._prefix_cache: dict[tuple[int, ...], tuple] = {}  # shared prompt prefix -> its state (_prefix_state)
+        self._prefix_version = -1
         n_layers = model.config.num_hidden_layers
         if lora_layers < 0:
             raise ValueError(f"lora_layers must be >= 0 (0 or >= {n_layers}: every layer), got {lora_layers}")
@@ -474,6 +477,23 @@ class MenuPolicy:
                     start = stop
         return [results[unique[decision]] for decision in decisions]
 
+    def _prefix_state(self, prefix: tuple[int, ...], device) -> tuple:
+        """(keys and values of `prompt prefix` for every agent's adapter and the base, their adapter order, the
+        prefix's trunk output), computed once while the adapters' weights stay the same: any in-place change
+        of a LoRA weight (an optimizer step, load_adapters) bumps its version counter and empties the cache."""
+        version = sum(p._version for p in self.peft.parameters() if p.requires_grad)
+        if version != self._prefix_version or len(self._prefix_cache) > 64:
+            self._prefix_cache, self._prefix_version = {}, version
+        if prefix not in self._prefix_cache:
+            order = [*self.agents, BASE]
+            self.tokens_processed += len(prefix) * len(order)
+            with self._trunk(None, capture=self.trunk > 0) as captured:
+                past = self.peft(input_ids=torch.tensor([list(prefix)] * len(order), device=device),
+                                 position_ids=torch.arange(len(prefix), device=device).repeat(len(order), 1),
+                                 logits_to_keep=1, use_cache=True, adapter_names=order).past_key_values
+            self._prefix_cache[prefix] = (past, order, captured[0][0].clone() if captured else None)
+        return self._prefix_cache[prefix]
+
     @contextlib.contextmanager
     def _head_detached(self):
         """The model's forward returns its final (normed) hidden states: lm_head is an identity (and
@@ -566,6 +586,10 @@ class MenuPolicy:
             while shared < limit and all(p[shared] == prompts[0][shared] for p in prompts):
                 shared += 1
             shared = shared if shared >= SHARED_PREFIX_MIN else 0
+            # a prefix already computed for these weights that all rows begin with is reused (the system prompt
+            # is common to every call; a batch's own common prefix may run further into its views)
+            known = [len(k) for k in self._prefix_cache if len(k) <= shared and tuple(prompts[0][:len(k)]) == k]
+            shared = max(known, default=shared)
         if shared:
             packed = [(ids[shared:], position[shared:], [p - shared for p in parent[shared:]],
                        [[node - shared for node in path] for path in paths]) for ids, position, parent, paths in packed]
@@ -600,18 +624,16 @@ class MenuPolicy:
         else:
             self.tokens_processed += sum(len(ids) for ids, _, _, _ in packed)
         adapters = [BASE if d.agent is None else d.agent for d, _, _ in rows]
+        past, prefix_hidden = None, None
+        if shared:  # the prefix's keys and values for every adapter, gathered to the rows (continuing appends)
+            with record_function("layers"):
+                past, order, prefix_hidden = self._prefix_state(tuple(rows[0][1][:shared]), device)
+            past = copy.deepcopy(past)
+            past.reorder_cache(torch.tensor([order.index(a) for a in adapters], device=device))
         # The vocabulary projection is the dominant cost of scoring option texts (tens of option tokens a
         # decision, 49k-way normalization each): the model returns its final hidden states (head
         # detached), and the head runs below only at the distinct positions whose predictions are read.
         with self._trunk(replay, capture) as captured, self._head_detached() as head, record_function("layers"):
-            past = None
-            if shared:  # the prefix once per adapter present, its cache then gathered to every row
-                distinct = sorted(set(adapters))
-                self.tokens_processed += shared * len(distinct)
-                past = self.peft(input_ids=torch.tensor([rows[0][1][:shared]] * len(distinct), device=device),
-                                 position_ids=torch.arange(shared, device=device).repeat(len(distinct), 1),
-                                 logits_to_keep=1, use_cache=True, adapter_names=distinct).past_key_values
-                past.reorder_cache(torch.tensor([distinct.index(a) for a in adapters], device=device))
             with warnings.catch_warnings():  # transformers 5.24 renames past_key_values (older ones know no other)
                 warnings.simplefilter("ignore", FutureWarning)
                 hidden = self.peft(
@@ -621,7 +643,7 @@ class MenuPolicy:
                 ).logits  # (B, keep, H): the normed final hidden states, not logits
         # each row's trunk output without its left padding (and with the shared prefix's, which is the same for
         # every adapter: the trunk's layers carry none)
-        prefix = [captured.pop(0)[0]] if capture and shared else []
+        prefix = [prefix_hidden] if capture and shared else []
         outputs = [torch.cat(prefix + [captured[0][b, width - len(ids):]]).clone()
                    for b, (ids, _, _, _) in enumerate(packed)] if capture else []
         if not text:  # label: next-token logits restricted to the menu's labels
