@@ -519,14 +519,10 @@ def margins_report(run_dir: str, episodes: int, device: str | None = None) -> li
     rows = greedy_margins(policy, game_factory, library, names, seeds, guards.menu_filter if guards else None)
     summary = margins_summary(rows)
     envs.write_file(os.path.join(run_dir, "margins.jsonl"), "".join(json.dumps(r) + "\n" for r in rows))
-    columns = list(summary[0])
-    lines = [f"# Greedy decisions of {run_dir} ({config['game']}/{config['layout']}, final adapters, "
-             f"{len(seeds)} test start states)", "", "| " + " | ".join(columns) + " |",
-             "| " + " | ".join("---" for _ in columns) + " |"]
-    lines += ["| " + " | ".join(f"{r[c]:.3f}" if isinstance(r[c], float) else str(r[c]) for c in columns) + " |"
-              for r in summary]
-    envs.write_file(os.path.join(run_dir, "margins.md"), "\n".join(lines) + "\n")
-    print("\n".join(lines))
+    text = (f"# Greedy decisions of {run_dir} ({config['game']}/{config['layout']}, final adapters, "
+            f"{len(seeds)} test start states)\n\n{table(summary, list(summary[0]))}\n")
+    envs.write_file(os.path.join(run_dir, "margins.md"), text)
+    print(text)
     return rows
 
 
@@ -653,7 +649,6 @@ def greedy_margins(policy, game_factory, library: Library, agents: list, seeds: 
     rows = []
     for st in sorted(steps, key=lambda st: (st.rollout, st.t, st.agent)):
         logp = st.old_logp.detach().float().cpu()  # (K,)
-        top = torch_topk2(logp)
         text = st.decision.menu[st.choice]
         x = outcome.get((st.rollout, st.agent, st.t))
         failed = x is not None and x.success is False
@@ -662,13 +657,13 @@ def greedy_margins(policy, game_factory, library: Library, agents: list, seeds: 
         streak[st.rollout, st.agent] = (text, count)
         rows.append({"episode": st.rollout, "seed": seeds[st.rollout], "t": st.t, "agent": st.agent + 1,
                      "option": text, "menu": len(st.decision.menu), "entropy": float(-(logp.exp() * logp).sum()),
-                     "margin": top, "failed": failed, "failed_streak": count,
+                     "margin": argmax_margin(logp), "failed": failed, "failed_streak": count,
                      "score": runners[st.rollout].game.score})
     return rows
 
 
-def torch_topk2(logp) -> float:
-    """Largest minus second-largest entry (inf for a one-option menu)."""
+def argmax_margin(logp) -> float:
+    """The largest log-probability minus the second largest (inf for a one-option menu)."""
     if len(logp) < 2:
         return float("inf")
     first, second = logp.topk(2).values.tolist()
@@ -755,8 +750,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     if cli.temperature > 0 and not cli.run_dir:
         raise envs.InputError("--temperature applies to a RUN_DIR audit only (--final reads saved greedy audits, "
                               "--reference plays scripted teams)")
-    if cli.device is not None and not re.fullmatch(r"cpu|cuda(:\d+)?", cli.device):
-        raise envs.InputError(f"--device {cli.device!r}: expected cpu, cuda or cuda:N")
+    if cli.device is not None:
+        envs.check_device(cli.device)
     if cli.run_dir:
         if not os.path.isdir(cli.run_dir):
             raise envs.InputError(f"{cli.run_dir}: not a folder; expected a run folder of train.py")

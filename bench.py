@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import time
 
 import numpy as np
@@ -137,13 +136,17 @@ def bench_scoring(model: str, n: int, dtype: str = "float32", scoring: str = "te
             "max_abs_diff": max(float((a - b).abs().max()) for a, b in zip(batched, naive))}
 
 
-def bench_train(model: str, dtype: str, lora_layers: int, start_states: int = 1, group_size: int = 4) -> dict:
-    """One real PA-MAGRPO iteration on coop_push (start_states x group_size rollouts, then the update):
-    decisions per second in the rollouts and in the update (base pass + forward + backward + step), and the
-    iteration's wall time."""
+def coop_push_iteration(model: str, dtype: str, lora_layers: int, start_states: int, group_size: int,
+                        profiler=None) -> tuple[dict, int, int]:
+    """One real PA-MAGRPO iteration on coop_push/classic from the first training start states (guards from the
+    cache), inside `profiler` when one is given (a torch.profiler context); returns (the iteration's metrics,
+    the number of adapted layers, the vocabulary size)."""
+    import contextlib
+
     import guards as guard_lib
     import pamagrpo
     import policy as policy_lib
+    import train
 
     network, tokenizer = policy_lib.load_backbone(model, DEVICE, dtype)
     layers = min(lora_layers, network.config.num_hidden_layers - 1)  # keep a trunk on small models
@@ -151,16 +154,24 @@ def bench_train(model: str, dtype: str, lora_layers: int, start_states: int = 1,
     game = envs.make_game("coop_push", None, 0)
     library = options.make_library(game)
     guard = guard_lib.cached_guards(game, library, guard_lib.BurnInSettings(), str(policy_lib.cache_root() / "guards"))
-    optimizers = pamagrpo.make_optimizers(policy, policy.agents, 3e-4)
-    seeds = envs.split_seeds(game, "train", start_states, 10_000_000)
-    record = pamagrpo.iteration(policy, optimizers, lambda: envs.make_game("coop_push", None, 0), library,
-                                guard.menu_filter, seeds, group_size, 1.0, "to_go", "per_agent",
-                                pamagrpo.UpdateConfig(), seed=0, it=0)
+    optimizers = pamagrpo.make_optimizers(policy, policy.agents, train.Args().lr)
+    seeds = train.training_seeds(game, 0, 0, start_states)
+    with profiler or contextlib.nullcontext():
+        record = pamagrpo.iteration(policy, optimizers, lambda: envs.make_game("coop_push", None, 0), library,
+                                    guard.menu_filter, seeds, group_size, 1.0, "to_go", "per_agent",
+                                    pamagrpo.UpdateConfig(), seed=0, it=0)
+    return record, layers or network.config.num_hidden_layers, network.get_output_embeddings().weight.shape[0]
+
+
+def bench_train(model: str, dtype: str, lora_layers: int, start_states: int = 1, group_size: int = 4) -> dict:
+    """One real PA-MAGRPO iteration on coop_push (start_states x group_size rollouts, then the update):
+    decisions per second in the rollouts and in the update (base pass + forward + backward + step), and the
+    iteration's wall time."""
+    record, layers, _ = coop_push_iteration(model, dtype, lora_layers, start_states, group_size)
     n = record["rollout/decisions"]
-    return {"device": device_name(DEVICE), "model": model, "dtype": dtype,
-            "lora_layers": layers or network.config.num_hidden_layers, "groups": f"{start_states}x{group_size}",
-            "decisions": n, "rollout_per_s": n / record["time/rollout_s"], "update_per_s": n / record["time/update_s"],
-            "iteration_s": record["time/iteration_s"]}
+    return {"device": device_name(DEVICE), "model": model, "dtype": dtype, "lora_layers": layers,
+            "groups": f"{start_states}x{group_size}", "decisions": n, "rollout_per_s": n / record["time/rollout_s"],
+            "update_per_s": n / record["time/update_s"], "iteration_s": record["time/iteration_s"]}
 
 
 PROFILE_SCOPES = ("rollout", "update: base pass", "update: gradient pass", "update: backward", "update: optimizer")
@@ -172,29 +183,15 @@ def bench_profile(model: str, dtype: str) -> list[dict]:
     rollout (layers, vocabulary head, Python and game), update (base pass, gradient pass forward, backward,
     optimizer; layers vs head inside each). Backward ops count as head when an input has the vocabulary's
     size. The profiler's own overhead is included, so shares are what to compare, not seconds."""
-    import torch
     from torch.profiler import ProfilerActivity, profile
 
-    import guards as guard_lib
-    import pamagrpo
-    import policy as policy_lib
     import train
 
     defaults = train.Args()
-    network, tokenizer = policy_lib.load_backbone(model, DEVICE, dtype)
-    layers = min(defaults.lora_layers, network.config.num_hidden_layers - 1)
-    policy = policy_lib.MenuPolicy(network, tokenizer, ["agent0", "agent1"], lora_layers=layers)
-    vocab = network.get_output_embeddings().weight.shape[0]
-    game = envs.make_game("coop_push", None, 0)
-    library = options.make_library(game)
-    guard = guard_lib.cached_guards(game, library, guard_lib.BurnInSettings(), str(policy_lib.cache_root() / "guards"))
-    optimizers = pamagrpo.make_optimizers(policy, policy.agents, defaults.lr)
-    seeds = train.training_seeds(game, 0, 0, defaults.start_states)
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if DEVICE.startswith("cuda") else [])
-    with profile(activities=activities, record_shapes=True) as prof:
-        record = pamagrpo.iteration(policy, optimizers, lambda: envs.make_game("coop_push", None, 0), library,
-                                    guard.menu_filter, seeds, defaults.group_size, 1.0, "to_go", "per_agent",
-                                    pamagrpo.UpdateConfig(), seed=0, it=0)
+    prof = profile(activities=activities, record_shapes=True)
+    record, _, vocab = coop_push_iteration(model, dtype, defaults.lora_layers, defaults.start_states,
+                                           defaults.group_size, prof)
     seconds: dict[tuple[str, str], float] = {}
 
     def add(phase: str, part: str, us: float) -> None:
@@ -227,7 +224,6 @@ def bench_profile(model: str, dtype: str) -> list[dict]:
     for r in rows:
         r.update(share=r["seconds"] / whole, device=device_name(DEVICE), model=model, dtype=dtype,
                  decisions=record["rollout/decisions"])
-    torch.set_grad_enabled(True)
     return rows
 
 
@@ -235,16 +231,26 @@ MODELS = ["tiny", "smollm2-135m"]
 
 
 def section_prompts(quick: bool) -> list:
-    """Prompt tokens (SmolLM2 tokenizer; the tiny model shares it) of real decisions of each default layout."""
+    """Prompt tokens (SmolLM2 tokenizer; the tiny model shares it) of real decisions of each default layout, and
+    the tokens of a packed row and its head rows with the options flat or as a token tree (policy.py)."""
     policy = llm_policy("tiny", "float32")
     rows = []
     for game_name, feedback in [(g, False) for g in envs.GAMES] + [("kitchen", True)]:
         decisions = real_decisions(policy, game_name, 32 if quick else 128, feedback=feedback)
-        tokens = [len(policy.tokenize_decision(d)[0]) for d in decisions]
+        tokenized = [policy.tokenize_decision(d) for d in decisions]  # (prompt ids, option ids)
+        tokens = [len(prompt) for prompt, _ in tokenized]
+        # a packed row: the prompt, then every option flat or as a token tree (shared leading tokens once); head
+        # rows: the positions whose next-token distribution is read (the last prompt token, every inner token)
+        flat = [len(p) + sum(map(len, o)) for p, o in tokenized]
+        tree = [len(p) + len({tuple(x[:t]) for x in o for t in range(1, len(x) + 1)}) for p, o in tokenized]
+        head_flat = [1 + sum(len(x) - 1 for x in o) for _, o in tokenized]
+        head_tree = [1 + len({tuple(x[:t]) for x in o for t in range(1, len(x))}) for _, o in tokenized]
         rows.append({"game": game_name + (" --feedback failures" if feedback else ""), "decisions": len(decisions),
                      "mean_prompt_tokens": float(np.mean(tokens)),
                      "max_prompt_tokens": max(tokens),
-                     "mean_options": float(np.mean([len(d.menu) for d in decisions]))})
+                     "mean_options": float(np.mean([len(d.menu) for d in decisions])),
+                     "row_tokens_flat": float(np.mean(flat)), "row_tokens_tree": float(np.mean(tree)),
+                     "head_rows_flat": float(np.mean(head_flat)), "head_rows_tree": float(np.mean(head_tree))})
     return rows
 
 
@@ -342,8 +348,7 @@ def main(argv: list[str] | None = None) -> None:
     if not groups or any(len(g) != 2 or not 1 <= min(g) <= max(g) <= 4096 for g in groups):
         raise envs.InputError(f"--groups {args.groups!r}: expected comma-separated BxG with integers in [1, 4096], "
                               "e.g. 2x4,8x8")
-    if not re.fullmatch(r"cpu|cuda(:\d+)?", args.device):
-        raise envs.InputError(f"--device {args.device!r}: expected cpu, cuda or cuda:N")
+    envs.check_device(args.device)
     import torch
 
     if args.device.startswith("cuda") and not torch.cuda.is_available():

@@ -35,6 +35,7 @@ import argparse
 import contextlib
 import functools
 import hashlib
+import json
 import math
 import os
 import re
@@ -1078,6 +1079,17 @@ def number(low: float = -math.inf, high: float = math.inf, integer: bool = False
 
     parse.accepted = accepted
     return parse
+
+
+def check_device(device: str, flag: str = "--device") -> None:
+    """cpu, cuda or cuda:N, or InputError."""
+    if not re.fullmatch(r"cpu|cuda(:\d+)?", device):
+        raise InputError(f"{flag} {device!r}: expected cpu, cuda or cuda:N")
+
+
+def content_hash(data) -> str:
+    """sha256 of `data`'s canonical JSON: what a cache entry is checked against before it is used."""
+    return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
 
 
 def one_line(error: BaseException, limit: int = 600) -> str:

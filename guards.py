@@ -167,8 +167,7 @@ class Guards:
 def content_hash(data: dict) -> str:
     """sha256 of a guards record's canonical JSON (its own hash field aside): what load_guards checks, so an
     edited file is never applied as if it were what the burn-in synthesized."""
-    body = {k: v for k, v in data.items() if k != "content_hash"}
-    return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
+    return envs.content_hash({k: v for k, v in data.items() if k != "content_hash"})
 
 
 def build_guards(game: Game, library: Library, settings: BurnInSettings) -> Guards:
@@ -234,11 +233,7 @@ def cached_guards(game: Game, library: Library, settings: BurnInSettings, cache_
             print(f"note: {e}; rebuilding it", file=sys.stderr)
     guards = build_guards(game, library, settings)
     guards.data["cache_key"] = key  # game, layout, settings and source: checked on every reuse
-    try:
-        os.makedirs(cache_dir, exist_ok=True)
-    except OSError as e:
-        raise envs.InputError(f"cannot create the guard cache folder {cache_dir} ({e.strerror}); expected a "
-                              "writable --cache folder") from None
+    envs.check_output_folder(cache_dir, "--cache")
     guards.save(path)
     return guards
 

@@ -22,14 +22,12 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import hashlib
 import inspect
 import json
 import math
 import os
 import pickle
 import random
-import re
 import shutil
 import sys
 import time
@@ -175,8 +173,7 @@ def validate(args: Args) -> None:
     for name, accepted in CHOICES.items():
         if getattr(args, name) not in accepted:
             raise ArgError(f"{flag(name)} {getattr(args, name)!r}: expected one of {', '.join(accepted)}")
-    if not re.fullmatch(r"cpu|cuda(:\d+)?", args.device):
-        raise ArgError(f"{flag('device')} {args.device!r}: expected cpu, cuda or cuda:N")
+    envs.check_device(args.device)
     for name, (low, high, low_open, high_open) in RANGES.items():
         value = getattr(args, name)
         inside = (value > low if low_open else value >= low) and (value < high if high_open else value <= high)
@@ -343,13 +340,9 @@ def resolve_resume(args: Args, given: set[str]) -> Args:
     resumed.out, resumed.resume = args.resume, args.resume
     try:
         validate(resumed)
-    except ArgError as e:
+    except envs.InputError as e:
         raise ArgError(f"--resume {args.resume}: {path} holds a bad value: {e}") from None
     return resumed
-
-
-def content_hash(data) -> str:
-    return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
 
 
 def baseline_cache_path(args: Args, game: envs.Game, guards, seeds: list[int], tag: str, temperature: float) -> str:
@@ -361,7 +354,7 @@ def baseline_cache_path(args: Args, game: envs.Game, guards, seeds: list[int], t
     files = sorted((p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in folder.glob("*") if p.is_file()) \
         if folder.is_dir() else str(folder)
     sources = [inspect.getsource(m) for m in (envs, options, policy_lib, pamagrpo)]
-    key = content_hash([model, files, args.dtype, args.device.split(":")[0], args.scoring, args.feedback,
+    key = envs.content_hash([model, files, args.dtype, args.device.split(":")[0], args.scoring, args.feedback,
                         guard_lib.layout_fingerprint(game), guards.data if guards else None, seeds, tag, temperature,
                         args.seed if temperature > 0 else None, sources])
     return os.path.join(args.cache, "baselines", f"{game.name}-{tag.replace('/', '-')}-{key[:16]}.json")
@@ -371,7 +364,7 @@ def read_cached_baseline(path: str) -> dict | None:
     """A cached frozen-base result, or None when there is none or it does not match its content hash."""
     try:
         cached = json.loads(envs.read_text(path, "a cached baseline"))
-        if cached["content_hash"] == content_hash(cached["result"]):
+        if cached["content_hash"] == envs.content_hash(cached["result"]):
             return cached["result"]
         print(f"note: the cached baseline {path} does not match its content hash; recomputing it", file=sys.stderr)
     except (envs.InputError, ValueError, KeyError, TypeError):
@@ -560,12 +553,8 @@ def main(argv: list[str] | None = None) -> str:
                     result = pamagrpo.evaluate(policy, game_factory, lib, filt, seeds, base_agents, temperature,
                                                args.seed)
                     if lead:
-                        try:
-                            os.makedirs(os.path.dirname(path), exist_ok=True)
-                        except OSError as e:
-                            raise ArgError(f"--cache {args.cache}: cannot create {os.path.dirname(path)} "
-                                           f"({e.strerror}); expected a writable folder") from None
-                        write_json(path, {"result": result, "content_hash": content_hash(result)})
+                        envs.check_output_folder(os.path.dirname(path), "--cache")
+                        write_json(path, {"result": result, "content_hash": envs.content_hash(result)})
                     took = f"{time.perf_counter() - t0:.0f}s"
                 else:
                     took = f"cached: {path}"
