@@ -2166,9 +2166,20 @@ def test_sweep_curves_draw_the_mean_and_a_band_over_seeds(tmp_path):
         train.write_json(str(run / "result.json"), {"seed": seed, "last_test_score": 0.7, "selected_test_score":
                                                     0.7 + 0.1 * seed, "selected_iteration": 4, "iterations": 4,
                                                     "test_states": 5, "validation_states": 5, "train_s": 4.0})
+        if seed < 2:  # seed 2 has no final audit; seed 0 one dispensable agent, seed 1 both necessary
+            drops = [0.8, 0.0] if seed == 0 else [1.0, 0.6]
+            row = {"n_agents": 2, "score": 1.0, "agent0.progress_share": 0.6, "agent1.progress_share": 0.4,
+                   **{f"agent{i}.ablation_idle_drop_rel": d for i, d in enumerate(drops)}}
+            train.write_json(str(run / "audit_final.json"), {**row, "summary": audit.summarize(row, 2)})
     summary = train.sweep_summary(str(tmp_path), {"seeds": [0, 1, 2], "seeds_text": "0-2", "flags": [],
                                                   "wall_s": {}})
     assert summary["finished"] == 3 and abs(summary["selected_test_score"]["mean"] - 0.8) < 1e-9
+    assert summary["audits"] == {"interdependent": 1, "solo": 1}
+    assert summary["idle_drop_min"]["mean"] == pytest.approx(0.3) and summary["idle_drop_max"]["mean"] == 0.9
+    runs = summary["runs"]
+    assert runs[0]["idle_drops"] == [0.8, 0.0] and runs[1]["audit"] == "interdependent" and "audit" not in runs[2]
+    text = (tmp_path / "summary.md").read_text()
+    assert "interdependent 1, solo 1" in text and "| solo (0.80 / 0.00) |" in text
     with Image.open(tmp_path / "curves.png") as image:
         assert image.format == "PNG" and image.size[0] > 400
     mean, low, high = audit.band([[0.0, 1.0], [1.0, 1.0]])

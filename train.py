@@ -4,7 +4,7 @@
     python train.py --game kitchen --layout forced_coordination
     python train.py --resume runs/coop_push-classic-s0   # continue a killed run
     python train.py --help                           # every flag, with its default and range
-    torchrun --nproc_per_node 4 train.py --game coop_push --device cuda   # data parallel (README: Scaling out)
+    torchrun --nproc_per_node 4 train.py --game coop_push --device cuda   # data parallel (see README)
 
 The file reads top to bottom like the method: seed -> game and layout -> burn-in + guards (cached) ->
 backbone + per-agent adapters -> evaluate the frozen base (primitive actions and guarded options) ->
@@ -93,7 +93,7 @@ class Args:
     cache: str = field(default_factory=lambda: str(policy_lib.cache_root()))  # model and guard cache folder
 
 
-# Per-game defaults, applied when a flag is not given (chosen by measurement; see README).
+# Per-game defaults, applied when a flag is not given (chosen by measurement; see results/README.md).
 PRESETS: dict[str, dict] = {
     "coop_push": {},
     # undiscounted, every sampled rollout succeeds from the start and the greedy policy stays at 0 (it oscillates
@@ -102,8 +102,8 @@ PRESETS: dict[str, dict] = {
     # plain return-to-go credits a decision for how early it came in a 100-step, two-soup episode: rollout
     # scores stayed flat for 10 iterations; with a time-aligned group baseline and the discount they rose
     # 0.48 -> 0.76 in 20; greedy 1.000 on cramped_room with the current options, but 20 iterations took 59 min
-    # in float32 on a 2-core CPU; --iterations 10 fits 30 min there and scores 0.800, no margin (README).
-    # --feedback failures was tried and is not in the preset: greedy 0.275 after 10 iterations (README)
+    # in float32 on a 2-core CPU; --iterations 10 fits 30 min there and scores 0.800, no margin (results/README.md).
+    # --feedback failures was tried and is not in the preset: greedy 0.275 after 10 iterations (results/README.md)
     "kitchen": {"credit": "to_go_aligned", "gamma": 0.95, "iterations": 20},
 }
 CHOICES = {"game": tuple(envs.GAMES), "dtype": ("auto", *policy_lib.DTYPES),
@@ -765,6 +765,22 @@ def mean_ci(stat: dict) -> str:
     return "-" if stat["mean"] is None else f"{stat['mean']:.3f} [{stat['ci95'][0]:.3f}, {stat['ci95'][1]:.3f}]"
 
 
+AUDIT_LABELS = ("interdependent", "solo", "mixed", "redundant", "no reward")  # audit.summarize's first words
+
+
+def audit_of_run(run_dir: str) -> dict:
+    """The final team's audit label and each agent's relative score drop when replaced by an idle agent
+    (audit_final.json, written by train.py's final audit); {} when the run was not audited."""
+    try:
+        with open(os.path.join(run_dir, "audit_final.json")) as f:
+            row = json.load(f)
+    except (OSError, json.JSONDecodeError):
+        return {}
+    drops = [row[f"agent{i}.ablation_idle_drop_rel"] for i in range(row["n_agents"])]
+    label = next(label for label in AUDIT_LABELS if row["summary"].startswith(label))
+    return {"audit": label, "idle_drops": drops, "idle_drop_min": min(drops), "idle_drop_max": max(drops)}
+
+
 def sweep_summary(out: str, plan: dict) -> dict:
     """summary.json and summary.md of a sweep from each run's result.json and eval.jsonl."""
     rows = []
@@ -781,6 +797,7 @@ def sweep_summary(out: str, plan: dict) -> dict:
                     if r.get("policy") == "scripted/coop"]
         row["scripted_test_score"] = scripted[-1] if scripted else 1.0
         row["competent"] = row["selected_test_score"] >= COMPETENT * row["scripted_test_score"]
+        row.update(audit_of_run(run_dir))
         rows.append({**row, "status": "done"})
     done = [r for r in rows if r["status"] == "done"]
     summary: dict = {"seeds": len(rows), "finished": len(done), "competent": sum(r["competent"] for r in done),
@@ -788,6 +805,13 @@ def sweep_summary(out: str, plan: dict) -> dict:
                      "flags": " ".join(plan["flags"])}
     for key in ("selected_test_score", "last_test_score"):
         values = [r[key] for r in done]
+        summary[key] = {"mean": float(np.mean(values)) if values else None,
+                        "ci95": audit.bootstrap_ci(values) if values else None}
+    audited = [r for r in done if "audit" in r]
+    summary["audits"] = {label: sum(r["audit"] == label for r in audited) for label in AUDIT_LABELS
+                         if any(r["audit"] == label for r in audited)}
+    for key in ("idle_drop_min", "idle_drop_max"):
+        values = [r[key] for r in audited]
         summary[key] = {"mean": float(np.mean(values)) if values else None,
                         "ci95": audit.bootstrap_ci(values) if values else None}
     summary["runs"] = rows
@@ -799,17 +823,24 @@ def sweep_summary(out: str, plan: dict) -> dict:
              f"**{summary['competent']}/{summary['seeds']} seeds competent** ({summary['competent_means']}); "
              f"mean test score with a 95% bootstrap CI over seeds: selected {mean_ci(summary['selected_test_score'])}, "
              f"last {mean_ci(summary['last_test_score'])}.", "",
-             "Learning curves with bands over seeds: `curves.png`.", "",
-             "| seed | selected test score (iteration) | last test score | scripted | competent | test states | "
-             "wall clock |", "| --- | --- | --- | --- | --- | --- | --- |"]
+             "Learning curves with bands over seeds: `curves.png`.", ""]
+    if audited:
+        labels = ", ".join(f"{label} {count}" for label, count in summary["audits"].items())
+        lines += [f"Audits of the final teams (audit.py, `audit_final.json` of each seed, {len(audited)} seeds): "
+                  f"{labels}. Relative score drop when an agent is replaced by an idle one, mean [95% CI] over "
+                  f"seeds: the less necessary agent {mean_ci(summary['idle_drop_min'])}, the more necessary "
+                  f"{mean_ci(summary['idle_drop_max'])}.", ""]
+    lines += ["| seed | selected test score (iteration) | last test score | scripted | competent | test states | "
+              "audit (drop if agent 1 / 2 idles) | wall clock |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in rows:
         if r["status"] != "done":
-            lines.append(f"| {r['seed']} | {r['status']} | | | | | {r['wall_s'] / 60:.1f} min |")
+            lines.append(f"| {r['seed']} | {r['status']} | | | | | | {r['wall_s'] / 60:.1f} min |")
             continue
         competent = "yes" if r["competent"] else "no"
+        team = f"{r['audit']} ({' / '.join(f'{d:.2f}' for d in r['idle_drops'])})" if "audit" in r else "-"
         lines.append(f"| {r['seed']} | {r['selected_test_score']:.3f} ({r['selected_iteration']}) | "
                      f"{r['last_test_score']:.3f} | {r['scripted_test_score']:.2f} | {competent} "
-                     f"| {r['test_states']} | {r['wall_s'] / 60:.1f} min |")
+                     f"| {r['test_states']} | {team} | {r['wall_s'] / 60:.1f} min |")
     envs.write_file(os.path.join(out, "summary.md"), "\n".join(lines) + "\n")
     return summary
 
