@@ -289,14 +289,14 @@ def replay(game: Game, library: Library, chooses: Sequence[Choose], seed: int, m
            gif: str | None = None) -> str:
     """One episode as ASCII frames, one at each decision point, with what each agent ran up to it; with `gif`, the
     same episode is also written there as an animation, one frame a primitive step (replay_gif)."""
-    steps: list[tuple[str, list[str]]] = []  # (game.render(), each agent's option) after every step
+    steps: list[tuple[str, list[str], dict]] = []  # (render(), each agent's option, labels()) after every step
 
     def record(runner) -> None:
         doing = []
         for run in runner.running:
             ended = "" if run is None or run.success is None else (" -> ok" if run.success else " -> failed")
             doing.append("-" if run is None else run.option.text + ended)
-        steps.append((runner.game.render(), doing))
+        steps.append((runner.game.render(), doing, runner.game.labels()))
 
     episode = run_episode(game, library, team_choose(chooses), seed, menu_filter, show=True,
                           on_step=record if gif else None)
@@ -328,9 +328,11 @@ CELL_LABELS = {"b": "box", "H": "heavy", "f": "food", "O": "onion", "D": "dish",
                "R": "soup", "S": "serve", "o": "onion", "d": "dish", "s": "soup"}
 
 
-def replay_gif(steps: list[tuple[str, list[str]]], path: str, title: str, ms_per_frame: int = 350) -> None:
+def replay_gif(steps: list[tuple[str, list[str], dict]], path: str, title: str,
+               ms_per_frame: int = 350) -> None:
     """An animated GIF of a recorded episode: the grid (every game's render() characters as coloured cells,
-    agents as numbered discs), each agent's current option as a caption, and the step, reward and score."""
+    agents as numbered discs, objects named as the options name them: Game.labels()), each agent's current
+    option as a caption, and the step, reward and score."""
     import io
 
     import matplotlib
@@ -340,7 +342,7 @@ def replay_gif(steps: list[tuple[str, list[str]]], path: str, title: str, ms_per
     from PIL import Image
 
     images = []
-    for frame, doing in steps:
+    for frame, doing, labels in steps:
         *grid, status = frame.split("\n")
         rows, cols = len(grid), len(grid[0])
         fig = plt.figure(figsize=(max(3.2, 0.45 * cols + 0.6), 0.45 * rows + 1.5), dpi=80)
@@ -357,8 +359,10 @@ def replay_gif(steps: list[tuple[str, list[str]]], path: str, title: str, ms_per
                     ax.add_patch(plt.Circle((c + 0.5, r + 0.5), 0.38, color=AGENT_COLOURS[(int(ch) - 1) % 4]))
                     ax.text(c + 0.5, r + 0.52, ch, ha="center", va="center", color="white", fontsize=9,
                             fontweight="bold")
-                elif ch in CELL_LABELS:
-                    ax.text(c + 0.5, r + 0.5, CELL_LABELS[ch], ha="center", va="center", fontsize=5)
+                elif r * cols + c in labels or ch in CELL_LABELS:
+                    dark = sum(int(colour[k:k + 2], 16) for k in (1, 3, 5)) < 3 * 128
+                    ax.text(c + 0.5, r + 0.5, labels.get(r * cols + c, CELL_LABELS.get(ch)), ha="center",
+                            va="center", fontsize=5, linespacing=0.9, color="white" if dark else "black")
         fig.text(0.02, 0.97, title, fontsize=7, va="top")
         fig.text(0.02, 0.28, status, fontsize=6, va="top")
         for i, text in enumerate(doing):
@@ -524,6 +528,22 @@ def margins_report(run_dir: str, episodes: int, device: str | None = None) -> li
     envs.write_file(os.path.join(run_dir, "margins.md"), text)
     print(text)
     return rows
+
+
+def replay_run(run_dir: str, device: str | None = None) -> str:
+    """The final adapters' greedy episode on the run's first test start state, as train.py's final audit plays
+    it: RUN/replay.txt and RUN/replay.gif (redraws a run's pictures, e.g. after the renderer changed)."""
+    import policy as policy_lib
+
+    config, game_factory, library, guards, policy = load_run(run_dir, device=device)
+    policy.load_adapters(os.path.join(run_dir, "adapters"))
+    names = [f"agent{i}" for i in range(game_factory().n_agents)]
+    seed = envs.split_seeds(game_factory(), "test", 1)[0]
+    text = replay(game_factory(), library, [policy_lib.llm_choose(policy, n) for n in names], seed,
+                  guards.menu_filter if guards else None, gif=os.path.join(run_dir, "replay.gif"))
+    envs.write_file(os.path.join(run_dir, "replay.txt"), text + "\n")
+    print(text)
+    return text
 
 
 def audit_run(run_dir: str, episodes: int, temperature: float = 0.0, device: str | None = None) -> list[dict]:
@@ -729,15 +749,24 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--figure", default="decoupling.png", help="where --decoupling writes its PNG")
     parser.add_argument("--margins", metavar="RUN_DIR", help="greedy play of a run's final adapters on test start "
                         "states: entropy, argmax margin and failed-choice streaks per decision (margins.jsonl/md)")
+    parser.add_argument("--replay", metavar="RUN_DIR", help="the final adapters' greedy episode on the run's first "
+                        "test start state: RUN_DIR/replay.txt and replay.gif (as train.py's final audit writes them)")
     cli = parser.parse_args(argv)
-    if sum(map(bool, (cli.run_dir, cli.final, cli.reference, cli.decoupling, cli.margins))) > 1:
-        raise envs.InputError("RUN_DIR, --final, --reference, --decoupling and --margins are different audits; "
-                              "expected one of them")
-    if cli.margins:
-        if not os.path.isdir(os.path.join(cli.margins, "adapters")):
-            raise envs.InputError(f"--margins {cli.margins}: no adapters/ folder; expected a finished run folder of "
+    if sum(map(bool, (cli.run_dir, cli.final, cli.reference, cli.decoupling, cli.margins, cli.replay))) > 1:
+        raise envs.InputError("RUN_DIR, --final, --reference, --decoupling, --margins and --replay are different "
+                              "audits; expected one of them")
+    for finished in (cli.margins, cli.replay):
+        if finished and not os.path.isdir(os.path.join(finished, "adapters")):
+            flag = "--margins" if finished == cli.margins else "--replay"
+            raise envs.InputError(f"{flag} {finished}: no adapters/ folder; expected a finished run folder of "
                                   "train.py")
+    if cli.device is not None:
+        envs.check_device(cli.device)
+    if cli.margins:
         margins_report(cli.margins, cli.seeds, cli.device)
+        return
+    if cli.replay:
+        replay_run(cli.replay, cli.device)
         return
     if cli.decoupling:
         pairs = [item.partition("=") for item in cli.decoupling]
@@ -750,8 +779,6 @@ def main(argv: Sequence[str] | None = None) -> None:
     if cli.temperature > 0 and not cli.run_dir:
         raise envs.InputError("--temperature applies to a RUN_DIR audit only (--final reads saved greedy audits, "
                               "--reference plays scripted teams)")
-    if cli.device is not None:
-        envs.check_device(cli.device)
     if cli.run_dir:
         if not os.path.isdir(cli.run_dir):
             raise envs.InputError(f"{cli.run_dir}: not a folder; expected a run folder of train.py")

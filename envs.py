@@ -217,6 +217,11 @@ class Game:
     def render(self) -> str:
         raise NotImplementedError
 
+    def labels(self) -> dict[int, str]:
+        """Names of the objects on cells, as the options' texts number them (`box 2`, `food 3`, `pot 1`); the
+        replay pictures write them in their cells (audit.replay_gif)."""
+        return {}
+
     # -- shared
     def reset(self, seed: int | None = 0) -> None:
         self.seed = seed
@@ -601,6 +606,10 @@ class CoopPush(Game):
         status = f"t={self.t} reward={self.total_reward:g} score={self.score:.2f}"
         return self.frame(chars, status)
 
+    def labels(self) -> dict[int, str]:
+        return {c: f"{'heavy box' if self.box_heavy[k] else 'box'} {k + 1}" for k, cells in enumerate(self.boxes)
+                if not self.delivered[k] for c in cells}
+
 
 # ----------------------------------------------------------------------------- forage
 
@@ -784,6 +793,10 @@ class Forage(Game):
         food = " ".join(f"f{k + 1}=L{lv}" for k, lv in enumerate(self.food_levels))
         agents = " ".join(f"{i + 1}=L{lv}" for i, lv in enumerate(self.agent_levels))
         return self.frame(chars, f"t={self.t} score={self.score:.2f} agents {agents} food {food}")
+
+    def labels(self) -> dict[int, str]:
+        return {c: f"food {k + 1}\nlevel {self.food_levels[k]}" for k, c in enumerate(self.food)
+                if not self.collected[k]}
 
 
 # ----------------------------------------------------------------------------- kitchen
@@ -1028,6 +1041,9 @@ class Kitchen(Game):
         pots = " ".join(f"pot{k + 1}:{self.pot_state(k)}" for k in range(len(self.pots)))
         return self.frame(chars, f"t={self.t} served={self.served}/{self.orders} score={self.score:.2f} "
                                  f"held {held} {pots}")
+
+    def labels(self) -> dict[int, str]:
+        return {c: f"pot {k + 1}\n{self.pot_state(k).replace(' onion', '/3')}" for k, c in enumerate(self.pots)}
 
 
 GAMES: dict[str, type[Game]] = {"coop_push": CoopPush, "forage": Forage, "kitchen": Kitchen}

@@ -1212,6 +1212,11 @@ def test_training_raises_reward_on_a_tiny_model(tmp_path, capsys):
     margins = [json.loads(line) for line in open(os.path.join(run_dir, "margins.jsonl"))]
     assert {m["seed"] for m in margins} == set(envs.split_seeds(envs.make_game("coop_push", "heavy_only"), "test", 2))
     assert "longest_failed_streak" in open(os.path.join(run_dir, "margins.md")).read()
+    before = open(os.path.join(run_dir, "replay.txt")).read()
+    os.remove(os.path.join(run_dir, "replay.gif"))
+    audit.main(["--replay", run_dir])  # redraws the final audit's replay: the same greedy episode
+    assert open(os.path.join(run_dir, "replay.txt")).read().rstrip("\n") == before.rstrip("\n")
+    assert os.path.exists(os.path.join(run_dir, "replay.gif"))
     for bad in ([run_dir, "--temperature", "-1"], [run_dir, "--temperature", "nan"],
                 ["--final", run_dir, "--temperature", "1"]):
         with pytest.raises(envs.InputError):
@@ -1905,7 +1910,8 @@ HOSTILE_CASES = [  # (CLI, argv, a phrase the one line must hold)
     ("audit", ["--temperature", "nan", "{root}/run"], "--temperature: 'nan'"),
     ("audit", ["--temperature", "-1", "{root}/run"], "--temperature: '-1'"),
     ("audit", ["--reference", "--temperature", "1"], "--temperature applies to a RUN_DIR audit only"),
-    ("audit", ["--reference", "{root}/run"], "RUN_DIR, --final, --reference, --decoupling and --margins are different"),
+    ("audit", ["--reference", "{root}/run"], "RUN_DIR, --final, --reference, --decoupling, --margins and --replay are"),
+    ("audit", ["--replay", "{root}/run"], "--replay {root}/run: no adapters/ folder"),
     ("audit", ["--device", "tpu", "{root}/run"], "--device 'tpu': expected cpu, cuda or cuda:N"),
     ("audit", ["--ref"], "unrecognized arguments: --ref"),
     ("audit", ["{root}/nowhere"], "{root}/nowhere: not a folder"),
@@ -2135,6 +2141,26 @@ def test_replay_gif_has_one_frame_a_step_with_captions(tmp_path, game_name):
         image.seek(image.n_frames - 1)
         colours = {c for _, c in image.convert("RGB").getcolors(1 << 16)}
     assert tuple(int(audit.AGENT_COLOURS[0][k:k + 2], 16) for k in (1, 3, 5)) in colours  # agent 1 drawn
+
+
+@pytest.mark.parametrize("game_name", list(envs.GAMES))
+def test_replay_labels_name_objects_as_the_options_do(game_name):
+    """A replay's cell labels (Game.labels) number boxes, food and pots as the option texts do, at the cells of
+    the object the option acts on."""
+    game = envs.make_game(game_name, None, 0)
+    game.reset(1_000_000)
+    library, labels = options.make_library(game), game.labels()
+    cells = {"push": lambda k: game.boxes[k], "push_heavy": lambda k: game.boxes[k],
+             "load": lambda k: [game.food[k]], "put_onion": lambda k: [game.pots[k]]}
+    checked = 0
+    for option in library.ground(game, 0):
+        if option.kind in cells:
+            for cell in cells[option.kind](option.args[0]):
+                assert f"{labels[cell].split(chr(10))[0]} " in f"{option.text} "
+                checked += 1
+    assert checked
+    if game_name == "coop_push":
+        assert sorted(labels.values()) == ["box 1", "box 3", "heavy box 2", "heavy box 2"]
 
 
 def test_games_import_nothing_above_them_and_audits_not_the_algorithm():
