@@ -63,6 +63,7 @@ JOINT_KINDS = ("joint_push", "joint_load", "handoff")
 SOLO_SHARE = 0.9  # one agent doing at least this share of the progress runs the task alone
 DISPENSABLE_DROP = 0.1  # removing an agent that costs less than this (relative) loses nothing that matters
 NECESSARY_DROP = 0.5  # removing an agent that costs at least this (relative) makes it necessary
+LABELS = ("interdependent", "solo", "mixed", "redundant", "no reward")  # the first words of summarize()
 
 Choose = Callable  # (runner, agent, menu) -> Option, as options.run_episode expects
 
@@ -530,18 +531,27 @@ def margins_report(run_dir: str, episodes: int, device: str | None = None) -> li
     return rows
 
 
-def replay_run(run_dir: str, device: str | None = None) -> str:
-    """The final adapters' greedy episode on the run's first test start state, as train.py's final audit plays
-    it: RUN/replay.txt and RUN/replay.gif (redraws a run's pictures, e.g. after the renderer changed)."""
+def write_replay(run_dir: str, policy, game_factory, library: Library, names: list, seed: int,
+                 menu_filter=None) -> str:
+    """The loaded adapters' greedy episode from start state `seed`: RUN/replay.txt and the same episode as
+    RUN/replay.gif (train.py's final audit; `audit.py --replay`)."""
     import policy as policy_lib
 
+    text = replay(game_factory(), library, [policy_lib.llm_choose(policy, n) for n in names], seed, menu_filter,
+                  gif=os.path.join(run_dir, "replay.gif"))
+    envs.write_file(os.path.join(run_dir, "replay.txt"), text + "\n")
+    return text
+
+
+def replay_run(run_dir: str, device: str | None = None) -> str:
+    """Redraw a run's replay (e.g. after the renderer changed): its final adapters on its first test start
+    state, as train.py's final audit plays them."""
     config, game_factory, library, guards, policy = load_run(run_dir, device=device)
     policy.load_adapters(os.path.join(run_dir, "adapters"))
-    names = [f"agent{i}" for i in range(game_factory().n_agents)]
-    seed = envs.split_seeds(game_factory(), "test", 1)[0]
-    text = replay(game_factory(), library, [policy_lib.llm_choose(policy, n) for n in names], seed,
-                  guards.menu_filter if guards else None, gif=os.path.join(run_dir, "replay.gif"))
-    envs.write_file(os.path.join(run_dir, "replay.txt"), text + "\n")
+    game = game_factory()
+    names = [f"agent{i}" for i in range(game.n_agents)]
+    text = write_replay(run_dir, policy, game_factory, library, names, envs.split_seeds(game, "test", 1)[0],
+                        guards.menu_filter if guards else None)
     print(text)
     return text
 
@@ -755,9 +765,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     if sum(map(bool, (cli.run_dir, cli.final, cli.reference, cli.decoupling, cli.margins, cli.replay))) > 1:
         raise envs.InputError("RUN_DIR, --final, --reference, --decoupling, --margins and --replay are different "
                               "audits; expected one of them")
-    for finished in (cli.margins, cli.replay):
+    for flag, finished in (("--margins", cli.margins), ("--replay", cli.replay)):
         if finished and not os.path.isdir(os.path.join(finished, "adapters")):
-            flag = "--margins" if finished == cli.margins else "--replay"
             raise envs.InputError(f"{flag} {finished}: no adapters/ folder; expected a finished run folder of "
                                   "train.py")
     if cli.device is not None:

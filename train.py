@@ -618,10 +618,7 @@ def main(argv: list[str] | None = None) -> str:
                        **audit.audit_llm_team(policy, game_factory, library, names, audit_seeds, menu_filter,
                                               args.seed, intact=intact)}
                 write_json(os.path.join(run_dir, "audit_final.json"), row)
-                chooses = [policy_lib.llm_choose(policy, n) for n in names]
-                envs.write_file(os.path.join(run_dir, "replay.txt"),  # and the same episode as replay.gif
-                                audit.replay(game_factory(), library, chooses, audit_seeds[0], menu_filter,
-                                             gif=os.path.join(run_dir, "replay.gif")) + "\n")
+                audit.write_replay(run_dir, policy, game_factory, library, names, audit_seeds[0], menu_filter)
                 print(f"audit ({len(audit_seeds)} test start states, {time.perf_counter() - t0:.0f}s): "
                       f"{row['summary']}")
         # checkpoint selection on validation start states, never on test ones: the last adapters are a
@@ -744,6 +741,9 @@ def run_sweep(args: Args, given: set[str], argv: list[str]) -> str:
                 print(f"seed {seed}: {line}", flush=True)
             if proc.poll() is None:
                 continue
+            line = last_progress(os.path.join(out, f"seed{seed}", "train.log"))  # its last line, written at exit
+            if line and line != shown.get(seed):
+                print(f"seed {seed}: {line}", flush=True)
             log.close()
             del running[seed]
             plan["wall_s"][str(seed)] = plan["wall_s"].get(str(seed), 0.0) + time.time() - t0
@@ -760,12 +760,14 @@ def run_sweep(args: Args, given: set[str], argv: list[str]) -> str:
     return out
 
 
+def mean_and_ci(values: list[float]) -> dict:
+    """{"mean", "ci95"} of a sweep's per-seed values (None when no seed has one)."""
+    return {"mean": float(np.mean(values)) if values else None, "ci95": audit.bootstrap_ci(values) if values else None}
+
+
 def mean_ci(stat: dict) -> str:
     """'0.850 [0.700, 1.000]' from a summary's {"mean", "ci95"}; '-' when no seed finished."""
     return "-" if stat["mean"] is None else f"{stat['mean']:.3f} [{stat['ci95'][0]:.3f}, {stat['ci95'][1]:.3f}]"
-
-
-AUDIT_LABELS = ("interdependent", "solo", "mixed", "redundant", "no reward")  # audit.summarize's first words
 
 
 def audit_of_run(run_dir: str) -> dict:
@@ -777,7 +779,7 @@ def audit_of_run(run_dir: str) -> dict:
     except (OSError, json.JSONDecodeError):
         return {}
     drops = [row[f"agent{i}.ablation_idle_drop_rel"] for i in range(row["n_agents"])]
-    label = next(label for label in AUDIT_LABELS if row["summary"].startswith(label))
+    label = next(label for label in audit.LABELS if row["summary"].startswith(label))
     return {"audit": label, "idle_drops": drops, "idle_drop_min": min(drops), "idle_drop_max": max(drops)}
 
 
@@ -804,16 +806,12 @@ def sweep_summary(out: str, plan: dict) -> dict:
                      "competent_means": f"selected test score >= {COMPETENT} x the scripted team's",
                      "flags": " ".join(plan["flags"])}
     for key in ("selected_test_score", "last_test_score"):
-        values = [r[key] for r in done]
-        summary[key] = {"mean": float(np.mean(values)) if values else None,
-                        "ci95": audit.bootstrap_ci(values) if values else None}
+        summary[key] = mean_and_ci([r[key] for r in done])
     audited = [r for r in done if "audit" in r]
-    summary["audits"] = {label: sum(r["audit"] == label for r in audited) for label in AUDIT_LABELS
+    summary["audits"] = {label: sum(r["audit"] == label for r in audited) for label in audit.LABELS
                          if any(r["audit"] == label for r in audited)}
     for key in ("idle_drop_min", "idle_drop_max"):
-        values = [r[key] for r in audited]
-        summary[key] = {"mean": float(np.mean(values)) if values else None,
-                        "ci95": audit.bootstrap_ci(values) if values else None}
+        summary[key] = mean_and_ci([r[key] for r in audited])
     summary["runs"] = rows
     write_json(os.path.join(out, "summary.json"), summary)
     if done:
