@@ -752,12 +752,19 @@ def run_sweep(args: Args, given: set[str], argv: list[str]) -> str:
                 failed[seed] = f"exit {proc.returncode}: {line}"
                 print(f"seed {seed}: FAILED ({failed[seed]})", flush=True)
     summary = sweep_summary(out, plan)
-    print(f"sweep {out}: {summary['competent']}/{summary['seeds']} seeds competent; selected test score, mean "
-          f"[95% CI]: {mean_ci(summary['selected_test_score'])}; {out}/summary.md", flush=True)
+    print(f"sweep {out}: {summary['competent']}/{summary['seeds']} seeds competent{unfinished_note(summary)}; "
+          f"selected test score, mean [95% CI]: {mean_ci(summary['selected_test_score'])}; {out}/summary.md",
+          flush=True)
     if failed:
         raise ArgError(f"sweep {out}: seed(s) {', '.join(map(str, failed))} failed; their logs are in "
                        f"{out}/seedK/train.log; fix the cause and pass --resume {out}")
     return out
+
+
+def unfinished_note(summary: dict) -> str:
+    """', 3 of 5 seeds unfinished' while a sweep is incomplete (an unfinished seed counts as not competent)."""
+    missing = summary["seeds"] - summary["finished"]
+    return f", {missing} of {summary['seeds']} seeds unfinished" if missing else ""
 
 
 def mean_and_ci(values: list[float]) -> dict:
@@ -818,8 +825,9 @@ def sweep_summary(out: str, plan: dict) -> dict:
         plot_sweep(out, [os.path.join(out, f"seed{r['seed']}") for r in done], os.path.join(out, "curves.png"))
 
     lines = [f"# Sweep {out}", "", f"`python train.py {summary['flags']} --seeds {plan['seeds_text']}`", "",
-             f"**{summary['competent']}/{summary['seeds']} seeds competent** ({summary['competent_means']}); "
-             f"mean test score with a 95% bootstrap CI over seeds: selected {mean_ci(summary['selected_test_score'])}, "
+             f"**{summary['competent']}/{summary['seeds']} seeds competent** ({summary['competent_means']}"
+             f"{unfinished_note(summary)}); mean test score with a 95% bootstrap CI over seeds: selected "
+             f"{mean_ci(summary['selected_test_score'])}, "
              f"last {mean_ci(summary['last_test_score'])}.", "",
              "Learning curves with bands over seeds: `curves.png`.", ""]
     if audited:
