@@ -532,26 +532,31 @@ def margins_report(run_dir: str, episodes: int, device: str | None = None) -> li
 
 
 def write_replay(run_dir: str, policy, game_factory, library: Library, names: list, seed: int,
-                 menu_filter=None) -> str:
-    """The loaded adapters' greedy episode from start state `seed`: RUN/replay.txt and the same episode as
-    RUN/replay.gif (train.py's final audit; `audit.py --replay`)."""
+                 menu_filter=None, stem: str = "replay") -> str:
+    """The loaded adapters' greedy episode from start state `seed`: RUN/{stem}.txt and the same episode as
+    RUN/{stem}.gif (train.py's final audit; `audit.py --replay`)."""
     import policy as policy_lib
 
     text = replay(game_factory(), library, [policy_lib.llm_choose(policy, n) for n in names], seed, menu_filter,
-                  gif=os.path.join(run_dir, "replay.gif"))
-    envs.write_file(os.path.join(run_dir, "replay.txt"), text + "\n")
+                  gif=os.path.join(run_dir, f"{stem}.gif"))
+    envs.write_file(os.path.join(run_dir, f"{stem}.txt"), text + "\n")
     return text
 
 
-def replay_run(run_dir: str, device: str | None = None) -> str:
-    """Redraw a run's replay (e.g. after the renderer changed): its final adapters on its first test start
-    state, as train.py's final audit plays them."""
+def replay_run(run_dir: str, device: str | None = None, episode: int = 1) -> str:
+    """Redraw a run's replay (e.g. after the renderer changed): its final adapters on its `episode`-th test
+    start state. Episode 1 is the one train.py's final audit plays (replay.txt/gif); another K is written to
+    replay_testK.txt/gif beside it."""
     config, game_factory, library, guards, policy = load_run(run_dir, device=device)
-    policy.load_adapters(os.path.join(run_dir, "adapters"))
     game = game_factory()
+    seeds = envs.split_seeds(game, "test", episode)
+    if len(seeds) < episode:
+        raise envs.InputError(f"--episode {episode}: {config['game']}/{config['layout']} has only {len(seeds)} "
+                              f"distinct test start states; expected 1..{len(seeds)}")
+    policy.load_adapters(os.path.join(run_dir, "adapters"))
     names = [f"agent{i}" for i in range(game.n_agents)]
-    text = write_replay(run_dir, policy, game_factory, library, names, envs.split_seeds(game, "test", 1)[0],
-                        guards.menu_filter if guards else None)
+    text = write_replay(run_dir, policy, game_factory, library, names, seeds[episode - 1],
+                        guards.menu_filter if guards else None, "replay" if episode == 1 else f"replay_test{episode}")
     print(text)
     return text
 
@@ -761,7 +766,11 @@ def main(argv: Sequence[str] | None = None) -> None:
                         "states: entropy, argmax margin and failed-choice streaks per decision (margins.jsonl/md)")
     parser.add_argument("--replay", metavar="RUN_DIR", help="the final adapters' greedy episode on the run's first "
                         "test start state: RUN_DIR/replay.txt and replay.gif (as train.py's final audit writes them)")
+    parser.add_argument("--episode", type=envs.number(1, 100_000, integer=True), default=None,
+                        help="--replay: the K-th test start state instead of the first (replay_testK.txt/gif)")
     cli = parser.parse_args(argv)
+    if cli.episode is not None and not cli.replay:
+        raise envs.InputError(f"--episode {cli.episode} applies to --replay RUN_DIR only")
     if sum(map(bool, (cli.run_dir, cli.final, cli.reference, cli.decoupling, cli.margins, cli.replay))) > 1:
         raise envs.InputError("RUN_DIR, --final, --reference, --decoupling, --margins and --replay are different "
                               "audits; expected one of them")
@@ -775,7 +784,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         margins_report(cli.margins, cli.seeds, cli.device)
         return
     if cli.replay:
-        replay_run(cli.replay, cli.device)
+        replay_run(cli.replay, cli.device, cli.episode or 1)
         return
     if cli.decoupling:
         pairs = [item.partition("=") for item in cli.decoupling]
