@@ -1217,6 +1217,11 @@ def test_training_raises_reward_on_a_tiny_model(tmp_path, capsys):
     audit.main(["--replay", run_dir])  # redraws the final audit's replay: the same greedy episode
     assert open(os.path.join(run_dir, "replay.txt")).read().rstrip("\n") == before.rstrip("\n")
     assert os.path.exists(os.path.join(run_dir, "replay.gif"))
+    audit.main(["--replay", run_dir, "--episode", "2"])  # the second test start state, beside the first
+    second = envs.split_seeds(envs.make_game("coop_push", "heavy_only"), "test", 2)[1]
+    assert f" seed {second}: " in open(os.path.join(run_dir, "replay_test2.txt")).readline()
+    assert os.path.exists(os.path.join(run_dir, "replay_test2.gif"))
+    assert open(os.path.join(run_dir, "replay.txt")).read().rstrip("\n") == before.rstrip("\n")
     for bad in ([run_dir, "--temperature", "-1"], [run_dir, "--temperature", "nan"],
                 ["--final", run_dir, "--temperature", "1"]):
         with pytest.raises(envs.InputError):
@@ -1268,12 +1273,15 @@ def test_a_sweep_trains_one_run_per_seed_summarizes_and_resumes(tmp_path, capsys
     scores = [r["selected_test_score"] for r in summary["runs"]]
     assert summary["selected_test_score"]["mean"] == pytest.approx(np.mean(scores))
     assert summary["selected_test_score"]["ci95"] == audit.bootstrap_ci(scores)
-    assert "seeds competent" in open(os.path.join(out, "summary.md")).read()
+    assert "seeds competent** (" in open(os.path.join(out, "summary.md")).read()
+    assert "unfinished" not in open(os.path.join(out, "summary.md")).read()
     printed = capsys.readouterr().out
     # a seed's last progress line is printed when it ends (lines between two polls may be skipped)
     assert "seed 0: selected checkpoint" in printed and "seed 1: selected checkpoint" in printed
     # a killed sweep: seed 1 never finished; --resume runs only what is missing
     os.remove(os.path.join(out, "seed1", "result.json"))
+    partial = train.sweep_summary(out, json.load(open(os.path.join(out, "sweep.json"))))
+    assert partial["finished"] == 1 and "1 of 2 seeds unfinished" in open(os.path.join(out, "summary.md")).read()
     mtime = os.path.getmtime(os.path.join(out, "seed0", "result.json"))
     train.main(["--resume", out])
     assert os.path.getmtime(os.path.join(out, "seed0", "result.json")) == mtime
@@ -1913,6 +1921,8 @@ HOSTILE_CASES = [  # (CLI, argv, a phrase the one line must hold)
     ("audit", ["--reference", "--temperature", "1"], "--temperature applies to a RUN_DIR audit only"),
     ("audit", ["--reference", "{root}/run"], "RUN_DIR, --final, --reference, --decoupling, --margins and --replay are"),
     ("audit", ["--replay", "{root}/run"], "--replay {root}/run: no adapters/ folder"),
+    ("audit", ["--episode", "2", "{root}/run"], "--episode 2 applies to --replay RUN_DIR only"),
+    ("audit", ["--replay", "{root}/run", "--episode", "0"], "--episode: '0': expected an integer in [1, 100,000]"),
     ("audit", ["--device", "tpu", "{root}/run"], "--device 'tpu': expected cpu, cuda or cuda:N"),
     ("audit", ["--ref"], "unrecognized arguments: --ref"),
     ("audit", ["{root}/nowhere"], "{root}/nowhere: not a folder"),
