@@ -54,7 +54,7 @@ import numpy as np
 
 import envs
 from envs import Game
-from options import Library, Option, make_library, random_choice, run_episode, scripted_choice
+from options import Library, Option, drop_arrived, make_library, random_choice, run_episode, scripted_choice
 
 PROGRESS_KINDS = ("box_toward_goal", "box_delivered", "food_loaded", "onion_in_pot", "soup_plated",
                   "soup_served", "counter_place", "counter_take")  # counter moves: see progress_events
@@ -475,7 +475,8 @@ def save_figure(fig, path: str, **kwargs) -> None:
 
 
 def load_run(run_dir: str, model: str | None = None, device: str | None = None):
-    """(config, game_factory, library, guards or None, policy) of a train.py run folder."""
+    """(config, game_factory, library, menu_filter or None, policy) of a train.py run folder: the menus the run
+    trained on (its guards, and options.drop_arrived with --arrived drop)."""
     import json
 
     import guards as guard_lib
@@ -493,9 +494,11 @@ def load_run(run_dir: str, model: str | None = None, device: str | None = None):
         raise envs.InputError(f"{path} is not a config of train.py (it needs {', '.join(needed)})")
     probe = envs.make_game(config["game"], config["layout"], 0)
     library = make_library(probe, config["action_mode"], config.get("feedback", "none") == "failures")
-    guards = None
+    menu_filter = None
     if config["action_mode"] == "options":
-        guards = guard_lib.load_guards(os.path.join(run_dir, "guards.json"), probe, library)
+        menu_filter = guard_lib.load_guards(os.path.join(run_dir, "guards.json"), probe, library).menu_filter
+    if config.get("arrived", "keep") == "drop":
+        menu_filter = drop_arrived(library, menu_filter)
     device = device or config["device"]  # a run trained on a GPU can be audited on the CPU (--device cpu)
     dtype = config["dtype"] if device.startswith("cuda") == config["device"].startswith("cuda") else "auto"
     backbone, tokenizer = policy_lib.load_backbone(model or config["model"], device, dtype)
@@ -509,7 +512,7 @@ def load_run(run_dir: str, model: str | None = None, device: str | None = None):
     def game_factory() -> Game:
         return envs.make_game(config["game"], config["layout"], 0)
 
-    return config, game_factory, library, guards, policy
+    return config, game_factory, library, menu_filter, policy
 
 
 def margins_report(run_dir: str, episodes: int, device: str | None = None) -> list[dict]:
@@ -517,11 +520,11 @@ def margins_report(run_dir: str, episodes: int, device: str | None = None) -> li
     row per decision) and RUN/margins.md (one row per episode), and the per-episode table printed."""
     import json
 
-    config, game_factory, library, guards, policy = load_run(run_dir, device=device)
+    config, game_factory, library, menu_filter, policy = load_run(run_dir, device=device)
     policy.load_adapters(os.path.join(run_dir, "adapters"))
     seeds = envs.split_seeds(game_factory(), "test", episodes)
     names = [f"agent{i}" for i in range(game_factory().n_agents)]
-    rows = greedy_margins(policy, game_factory, library, names, seeds, guards.menu_filter if guards else None)
+    rows = greedy_margins(policy, game_factory, library, names, seeds, menu_filter)
     summary = margins_summary(rows)
     envs.write_file(os.path.join(run_dir, "margins.jsonl"), "".join(json.dumps(r) + "\n" for r in rows))
     text = (f"# Greedy decisions of {run_dir} ({config['game']}/{config['layout']}, final adapters, "
@@ -547,7 +550,7 @@ def replay_run(run_dir: str, device: str | None = None, episode: int = 1) -> str
     """Redraw a run's replay (e.g. after the renderer changed): its final adapters on its `episode`-th test
     start state. Episode 1 is the one train.py's final audit plays (replay.txt/gif); another K is written to
     replay_testK.txt/gif beside it."""
-    config, game_factory, library, guards, policy = load_run(run_dir, device=device)
+    config, game_factory, library, menu_filter, policy = load_run(run_dir, device=device)
     game = game_factory()
     seeds = envs.split_seeds(game, "test", episode)
     if len(seeds) < episode:
@@ -556,7 +559,7 @@ def replay_run(run_dir: str, device: str | None = None, episode: int = 1) -> str
     policy.load_adapters(os.path.join(run_dir, "adapters"))
     names = [f"agent{i}" for i in range(game.n_agents)]
     text = write_replay(run_dir, policy, game_factory, library, names, seeds[episode - 1],
-                        guards.menu_filter if guards else None, "replay" if episode == 1 else f"replay_test{episode}")
+                        menu_filter, "replay" if episode == 1 else f"replay_test{episode}")
     print(text)
     return text
 
@@ -571,12 +574,11 @@ def audit_run(run_dir: str, episodes: int, temperature: float = 0.0, device: str
 
     import policy as policy_lib
 
-    config, game_factory, library, guards, policy = load_run(run_dir, device=device)
+    config, game_factory, library, menu_filter, policy = load_run(run_dir, device=device)
     seeds = envs.split_seeds(game_factory(), "test", episodes)
     if len(seeds) < episodes:
         print(f"note: {config['game']}/{config['layout']} has only {len(seeds)} distinct test start states "
               f"(asked for {episodes}); using all {len(seeds)}")
-    menu_filter = guards.menu_filter if guards else None
     names = [f"agent{i}" for i in range(game_factory().n_agents)]
     snap_dir = os.path.join(run_dir, "snapshots")
     found = os.listdir(snap_dir) if os.path.isdir(snap_dir) else []

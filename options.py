@@ -73,6 +73,11 @@ class Library:
         """Menu text shown to the policy (may add the step distance: 'goto box 2 (3 steps)')."""
         return option.text
 
+    def arrived(self, game: Game, agent: int, option: Option) -> bool:
+        """True when the option's goal already holds where the agent stands (a goto next to its target): it
+        would stand still for one step and report success, a wait that looks like progress (drop_arrived)."""
+        return False
+
     def scripted(self, game: Game, runner: Runner, agent: int, menu: list[Option], solo: bool) -> Option:
         raise NotImplementedError
 
@@ -257,6 +262,10 @@ class PushOptions(Library):
                       "arg0.partner_behind_arg1": any(p in behind for p in others)})
         return f
 
+    def arrived(self, game, agent, option):
+        return option.kind == "goto_box" and not game.delivered[option.args[0]] and \
+            any(game.manhattan(game.pos[agent], c) == 1 for c in game.boxes[option.args[0]])
+
     def describe(self, game, agent, option):
         if option.kind == "wait" or game.delivered[option.args[0]]:
             return option.text
@@ -351,6 +360,10 @@ class ForageOptions(Library):
                       "arg0.next_to_partner": any(p in game.neighbours[food] for p in others),
                       "arg0.reachable_by_self": any(c in reach for c in game.neighbours[food])})
         return f
+
+    def arrived(self, game, agent, option):
+        return option.kind == "goto_food" and not game.collected[option.args[0]] and \
+            game.pos[agent] in game.neighbours[game.food[option.args[0]]]
 
     def describe(self, game, agent, option):
         if option.kind == "wait" or game.collected[option.args[0]]:
@@ -632,6 +645,21 @@ def make_library(game: Game, action_mode: str = "options", feedback: bool = Fals
         raise ValueError(f"unknown action mode '{action_mode}'; expected options or primitive")
     library.feedback = feedback
     return library
+
+
+def drop_arrived(library: Library, menu_filter=None):
+    """A menu filter: `menu_filter` (the guards') first, then without the options that have already arrived
+    (Library.arrived); `wait` stays when nothing else does. Such an option reports success without acting, so a
+    greedy policy can pick it forever and never see a failure: coop_push/classic seed 2's last checkpoint scores
+    0.317 greedily because agent 2 picks `goto box 2 (here)` beside the heavy box at ~56 of 58 decisions, and
+    0.896 on the same test states with this filter, without retraining (results/coop_push-classic-seeds/seed2)."""
+
+    def keep(game: Game, agent: int, menu: list[Option]) -> list[Option]:
+        menu = menu_filter(game, agent, menu) if menu_filter is not None else menu
+        kept = [o for o in menu if not library.arrived(game, agent, o)]
+        return kept or [o for o in menu if o.kind == "wait"] or [library.wait()]
+
+    return keep
 
 
 # ----------------------------------------------------------------------------- the asynchronous runner

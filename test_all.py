@@ -683,6 +683,49 @@ def test_guarded_menu_is_never_empty():
     assert [o.kind for o in everything_off.menu_filter(game, 0, library.ground(game, 0))] == ["wait"]
 
 
+@pytest.mark.parametrize("game_name,layout", [("coop_push", "classic"), ("forage", "8x8_2p_2f")])
+def test_arrived_options_are_the_gotos_that_end_at_once_in_place_and_drop_arrived_removes_only_them(game_name,
+                                                                                                 layout):
+    import copy
+
+    game, library, guard = guards_for(game_name, layout)
+    rng = np.random.default_rng(0)
+    seen = set()
+    for seed in range(40):
+        game.reset(seed)
+        for _ in range(int(rng.integers(0, 12))):  # random walks: agents next to their targets and away
+            game.step([int(a) for a in rng.integers(0, 5, game.n_agents)])
+            if game.done:
+                break
+        if game.done:
+            continue
+        for agent in range(game.n_agents):
+            menu = library.ground(game, agent)
+            for option in menu:
+                arrived = library.arrived(game, agent, option)
+                seen.add(arrived)
+                if option.kind == "wait":
+                    assert not arrived
+                    continue
+                # arrived <=> the option ends after one step, successful, where the agent stood, having done
+                # nothing (a load that collects in place is an act: its event names the agent)
+                trial = copy.deepcopy(game)
+                runner = options.Runner(trial, library)
+                for j in range(game.n_agents):
+                    runner.assign(j, option if j == agent else library.wait())
+                runner.advance()
+                run = runner.executions[agent]
+                in_place = run.duration == 1 and run.success is True and trial.pos[agent] == game.pos[agent] and \
+                    not any(agent in e[2] for e in runner.events)
+                assert arrived == in_place, (seed, agent, option.text, run.reason)
+            kept = options.drop_arrived(library, guard.menu_filter)(game, agent, menu)
+            guarded = guard.menu_filter(game, agent, menu)
+            assert kept == [o for o in guarded if not library.arrived(game, agent, o)] or kept == \
+                [o for o in guarded if o.kind == "wait"]
+            assert kept and not any(library.arrived(game, agent, o) for o in kept)
+    assert seen == {True, False}
+
+
 def test_same_seed_gives_identical_guards_file(tmp_path):
     game = envs.make_game("forage", "8x8_2p_2f", 0)
     library = options.make_library(game)
@@ -1346,6 +1389,37 @@ def test_every_training_mode_runs_end_to_end(tmp_path, flags):
     assert result["selected_iteration"] in (1, 2) and 0.0 <= result["selected_test_score"] <= 1.0
 
 
+def test_arrived_drop_filters_every_menu_of_training_and_of_the_audits(tmp_path, monkeypatch):
+    filtered = []
+    original = options.drop_arrived
+
+    def counting(library, menu_filter=None):
+        keep = original(library, menu_filter)
+
+        def spy(game, agent, menu):
+            filtered.append(keep(game, agent, menu))
+            return filtered[-1]
+        return spy
+
+    monkeypatch.setattr(options, "drop_arrived", counting)
+    run_dir = train.main(tiny_args(tmp_path, "arrived", "--iterations", "1", "--group-size", "2", "--start-states",
+                                   "1", "--eval-episodes", "1", "--base-episodes", "0", "--audit-episodes", "0",
+                                   "--burn-in-episodes", "10", "--arrived", "drop"))
+    assert filtered and json.load(open(os.path.join(run_dir, "config.json")))["arrived"] == "drop"
+    # the audits rebuild the same menus from the run folder
+    _, game_factory, library, menu_filter, _ = audit.load_run(run_dir)
+    game = game_factory()
+    game.reset(envs.split_seeds(game, "test", 1)[0])
+    beside = [c for c in planner.adjacent_cells(game.boxes[0][0], game.width, game.height)
+              if not game.wall[c] and c not in game.box_at and c not in game.pos]
+    game.pos[0] = beside[0]
+    goto = library.pick(library.ground(game, 0), "goto_box", 0)
+    assert goto.kind == "goto_box" and library.arrived(game, 0, goto)
+    assert goto not in menu_filter(game, 0, library.ground(game, 0))
+    assert goto in guards.load_guards(os.path.join(run_dir, "guards.json"), game, library).menu_filter(
+        game, 0, library.ground(game, 0))
+
+
 def test_training_refuses_temperature_zero(tmp_path):
     with pytest.raises(train.ArgError, match="--temperature 0"):
         train.main(tiny_args(tmp_path, "greedy", "--temperature", "0"))
@@ -1431,6 +1505,7 @@ def test_per_game_presets_apply_unless_a_flag_is_given():
     (["--credit", "future"], "--credit 'future': expected one of to_go, episode, to_go_aligned"),
     (["--advantage", "global"], "--advantage 'global': expected one of per_agent, shared"),
     (["--feedback", "yes"], "--feedback 'yes': expected one of none, failures"),
+    (["--arrived", "maybe"], "--arrived 'maybe': expected one of keep, drop"),
     (["--base-temperatures", "0,x"], "--base-temperatures '0,x': expected comma-separated finite numbers"),
 ])
 def test_bad_flags_give_one_clear_error(flags, message):

@@ -76,6 +76,7 @@ class Args:
     scoring: str = "text"  # text (per-token mean option log-likelihood) | label (identity-tied labels)
     action_mode: str = "options"  # options | primitive (one-step options, the low-level baseline)
     feedback: str = "none"  # none | failures (the prompt names the agent's last option if it failed)
+    arrived: str = "keep"  # keep | drop (options.drop_arrived: no goto next to its target on the menus)
     advantage: str = "per_agent"  # per_agent (PA-MAGRPO) | shared (MAGRPO baseline, the ablation)
     credit: str = "to_go"  # to_go (return-to-go) | episode | to_go_aligned (minus the group's same-step mean)
     gamma: float = 1.0  # discount of the credited return (1: none; < 1 prefers faster rollouts), in (0, 1]
@@ -109,7 +110,7 @@ PRESETS: dict[str, dict] = {
 CHOICES = {"game": tuple(envs.GAMES), "dtype": ("auto", *policy_lib.DTYPES),
            "scoring": policy_lib.SCORINGS, "action_mode": ("options", "primitive"),
            "advantage": ("per_agent", "shared"), "credit": ("to_go", "episode", "to_go_aligned"),
-           "feedback": ("none", "failures")}
+           "feedback": ("none", "failures"), "arrived": ("keep", "drop")}
 # accepted range of every numeric flag: (low, high, low end open, high end open); values must also be finite
 RANGES: dict[str, tuple] = {
     "threads": (1, 1024, False, False), "iterations": (0, 1_000_000, False, False),
@@ -347,15 +348,17 @@ def resolve_resume(args: Args, given: set[str]) -> Args:
 
 def baseline_cache_path(args: Args, game: envs.Game, guards, seeds: list[int], tag: str, temperature: float) -> str:
     """Where a frozen-base evaluation is cached: keyed by everything its result depends on (model and its files,
-    dtype, device kind, scoring, feedback, layout, guards, start states, temperature, and the seed when it
-    samples) and by the source of the modules that play and score it, so a code change never reuses it."""
+    dtype, device kind, scoring, feedback, layout, guards and --arrived over them, start states, temperature, and
+    the seed when it samples) and by the source of the modules that play and score it, so a code change never
+    reuses it."""
     model = args.model
     folder = policy_lib.cache_root() / model if model in policy_lib.PRESETS else Path(model).expanduser()
     files = sorted((p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in folder.glob("*") if p.is_file()) \
         if folder.is_dir() else str(folder)
     sources = [inspect.getsource(m) for m in (envs, options, policy_lib, pamagrpo)]
     key = envs.content_hash([model, files, args.dtype, args.device.split(":")[0], args.scoring, args.feedback,
-                        guard_lib.layout_fingerprint(game), guards.data if guards else None, seeds, tag, temperature,
+                        guard_lib.layout_fingerprint(game), guards.data if guards else None,
+                        args.arrived if guards else None, seeds, tag, temperature,
                         args.seed if temperature > 0 else None, sources])
     return os.path.join(args.cache, "baselines", f"{game.name}-{tag.replace('/', '-')}-{key[:16]}.json")
 
@@ -517,6 +520,8 @@ def main(argv: list[str] | None = None) -> str:
             print(guard_lib.report(guards, guard_lib.evaluate_menus(probe, library, None, 50, menu_seed0),
                                    guard_lib.evaluate_menus(probe, library, guards, 50, menu_seed0)))
     menu_filter = guards.menu_filter if guards else None
+    if args.arrived == "drop":
+        menu_filter = options.drop_arrived(library, menu_filter)
 
     optimizers = pamagrpo.make_optimizers(policy, names, args.lr)
     cfg = pamagrpo.UpdateConfig(args.clip_eps, args.kl_coef, args.entropy_coef, args.epochs, args.minibatch,
