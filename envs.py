@@ -815,7 +815,9 @@ class Kitchen(Game):
     pot holding an onion, add it (3 onions start cooking, done after cook_time steps); at a pot with a dish
     when the soup is done, take the soup; at the window with soup, serve it; at a counter, put the held
     item down or pick its item up. Agents interact in index order.
-    Reward: 20 per served soup (as in Overcooked-AI). Terminated when `orders` soups are served; truncated
+    Reward: 20 per served soup (as in Overcooked-AI), up to `orders` soups: when two agents serve at two windows
+    in the step that fills the last order, the second keeps its soup and earns nothing (the score stays within
+    [0, 1]). Terminated when `orders` soups are served; truncated
     at max_steps. Events: ('onion_in_pot', (i,), pot), ('soup_plated', (i,), pot), ('soup_served', (i,), 0),
     ('counter_place', (i,), cell), ('counter_take', (i,), cell), and ('handoff', (placer, taker), cell)
     when an agent takes an item another agent put down.
@@ -974,7 +976,7 @@ class Kitchen(Game):
                     self.held[i] = "soup"
                     self.pot_onions[k] = 0
                     events.append(("soup_plated", (i,), k))
-            elif ch == "S" and held == "soup":
+            elif ch == "S" and held == "soup" and self.served < self.orders:  # no soup past the last order
                 self.held[i] = None
                 self.served += 1
                 reward += self.SOUP

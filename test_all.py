@@ -371,6 +371,18 @@ def test_kitchen_random_contents_vary_the_start_and_keep_the_scripted_team_at_th
             assert options.play_scripted(envs.make_game("kitchen", layout), "coop", seed).score == 1.0
 
 
+def test_two_soups_served_at_once_for_the_last_order_earn_one_order():
+    # asymmetric_advantages has a window on each side: both cooks used to serve in the step that filled the last
+    # order, 3 soups for 2 orders, a score of 1.5 (its first run's greedy validation averaged 1.075)
+    game = envs.GAMES["kitchen"]("XSXSX\nO1P2D\nXXXXX\norders: 1\n")
+    game.reset(0)
+    game.held = ["soup", "soup"]
+    game.step([1, 1])  # both turn to face their window
+    reward, terminated, _, events = game.step([5, 5])
+    assert (reward, terminated, game.served, game.score, game.held) == (20.0, True, 1, 1.0, [None, "soup"])
+    assert [e[0] for e in events] == ["soup_served"]
+
+
 def test_taking_an_item_that_lay_on_the_counter_from_the_start_is_no_handoff():
     game = envs.GAMES["kitchen"]("XXPXX\nO1X2S\nXXDXX\n")
     game.on_counter[7] = ("onion", -1)
