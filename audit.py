@@ -54,7 +54,7 @@ import numpy as np
 
 import envs
 from envs import Game
-from options import Library, Option, drop_arrived, make_library, random_choice, run_episode, scripted_choice
+from options import Library, Option, make_library, random_choice, run_episode, run_menu_filter, scripted_choice
 
 PROGRESS_KINDS = ("box_toward_goal", "box_delivered", "food_loaded", "onion_in_pot", "soup_plated",
                   "soup_served", "counter_place", "counter_take")  # counter moves: see progress_events
@@ -494,11 +494,9 @@ def load_run(run_dir: str, model: str | None = None, device: str | None = None):
         raise envs.InputError(f"{path} is not a config of train.py (it needs {', '.join(needed)})")
     probe = envs.make_game(config["game"], config["layout"], 0)
     library = make_library(probe, config["action_mode"], config.get("feedback", "none") == "failures")
-    menu_filter = None
-    if config["action_mode"] == "options":
-        menu_filter = guard_lib.load_guards(os.path.join(run_dir, "guards.json"), probe, library).menu_filter
-    if config.get("arrived", "keep") == "drop":
-        menu_filter = drop_arrived(library, menu_filter)
+    guards = guard_lib.load_guards(os.path.join(run_dir, "guards.json"), probe, library) \
+        if config["action_mode"] == "options" else None
+    menu_filter = run_menu_filter(library, guards.menu_filter if guards else None, config.get("arrived", "keep"))
     device = device or config["device"]  # a run trained on a GPU can be audited on the CPU (--device cpu)
     dtype = config["dtype"] if device.startswith("cuda") == config["device"].startswith("cuda") else "auto"
     backbone, tokenizer = policy_lib.load_backbone(model or config["model"], device, dtype)

@@ -652,7 +652,8 @@ def drop_arrived(library: Library, menu_filter=None):
     (Library.arrived); `wait` stays when nothing else does. Such an option reports success without acting, so a
     greedy policy can pick it forever and never see a failure: coop_push/classic seed 2's last checkpoint scores
     0.317 greedily because agent 2 picks `goto box 2 (here)` beside the heavy box at ~56 of 58 decisions, and
-    0.896 on the same test states with this filter, without retraining (results/coop_push-classic-seeds/seed2)."""
+    0.896 on the same test states with this filter, without retraining (results/coop_push-classic-seeds/
+    arrived_probe.txt)."""
 
     def keep(game: Game, agent: int, menu: list[Option]) -> list[Option]:
         menu = menu_filter(game, agent, menu) if menu_filter is not None else menu
@@ -660,6 +661,12 @@ def drop_arrived(library: Library, menu_filter=None):
         return kept or [o for o in menu if o.kind == "wait"] or [library.wait()]
 
     return keep
+
+
+def run_menu_filter(library: Library, guards_filter=None, arrived: str = "keep"):
+    """The menu filter a run plays with (train.py's `--arrived`): its guards, then drop_arrived when arrived is
+    'drop'. One place, so the audits of a run folder rebuild exactly the menus it trained on."""
+    return drop_arrived(library, guards_filter) if arrived == "drop" else guards_filter
 
 
 # ----------------------------------------------------------------------------- the asynchronous runner

@@ -519,9 +519,7 @@ def main(argv: list[str] | None = None) -> str:
             menu_seed0 = envs.SPLIT_FIRST_SEED["validation"]
             print(guard_lib.report(guards, guard_lib.evaluate_menus(probe, library, None, 50, menu_seed0),
                                    guard_lib.evaluate_menus(probe, library, guards, 50, menu_seed0)))
-    menu_filter = guards.menu_filter if guards else None
-    if args.arrived == "drop":
-        menu_filter = options.drop_arrived(library, menu_filter)
+    menu_filter = options.run_menu_filter(library, guards.menu_filter if guards else None, args.arrived)
 
     optimizers = pamagrpo.make_optimizers(policy, names, args.lr)
     cfg = pamagrpo.UpdateConfig(args.clip_eps, args.kl_coef, args.entropy_coef, args.epochs, args.minibatch,
