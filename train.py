@@ -835,10 +835,11 @@ def sweep_summary(out: str, plan: dict) -> dict:
              "Learning curves with bands over seeds: `curves.png`.", ""]
     if audited:
         labels = ", ".join(f"{label} {count}" for label, count in summary["audits"].items())
-        lines += [f"Audits of the final teams (audit.py, `audit_final.json` of each seed, {len(audited)} seeds): "
-                  f"{labels}. Relative score drop when an agent is replaced by an idle one, mean [95% CI] over "
-                  f"seeds: the less necessary agent {mean_ci(summary['idle_drop_min'])}, the more necessary "
-                  f"{mean_ci(summary['idle_drop_max'])}.", ""]
+        plural = "" if len(audited) == 1 else "s"
+        lines += [f"Audits of the final teams (audit.py, `audit_final.json` of each seed, "
+                  f"{len(audited)} seed{plural}): {labels}. Relative score drop when an agent is replaced by an "
+                  f"idle one, mean [95% CI] over seeds: the less necessary agent "
+                  f"{mean_ci(summary['idle_drop_min'])}, the more necessary {mean_ci(summary['idle_drop_max'])}.", ""]
     lines += ["| seed | selected test score (iteration) | last test score | scripted | competent | test states | "
               "audit (drop if agent 1 / 2 idles) | wall clock |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in rows:
