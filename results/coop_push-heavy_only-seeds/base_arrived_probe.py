@@ -20,7 +20,7 @@ import train  # noqa: E402
 
 torch.set_num_threads(1)
 model, tokenizer = policy_lib.load_backbone("smollm2-135m", "cpu", "bfloat16")
-policy = policy_lib.MenuPolicy(model, tokenizer, ["agent0", "agent1"], lora_layers=4, seed=0)
+policy = policy_lib.MenuPolicy(model, tokenizer, pamagrpo.agent_names(2), lora_layers=4, seed=0)
 for layout in sys.argv[1:]:
     def game_factory(layout=layout):
         return envs.make_game("coop_push", layout, 0)

@@ -20,7 +20,7 @@ run = sys.argv[1]
 config, game_factory, library, menu_filter, policy = audit.load_run(run)
 policy.load_adapters(os.path.join(run, "adapters"))
 probe = game_factory()
-names = [f"agent{i}" for i in range(probe.n_agents)]
+names = pamagrpo.agent_names(probe.n_agents)
 test = train.held_out_seeds(probe, "test", 20)
 trained = sorted({s for it in range(config["iterations"])
                   for s in train.training_seeds(probe, config["seed"], it, config["start_states"])})[:20]
