@@ -445,6 +445,7 @@ def barrier() -> None:
 
 
 def main(argv: list[str] | None = None) -> str:
+    t_process = time.perf_counter()
     args, given = parse_args(argv)
     argv = sys.argv[1:] if argv is None else list(argv)
     if args.seeds or (args.resume and os.path.exists(os.path.join(args.resume, "sweep.json"))):
@@ -521,6 +522,13 @@ def main(argv: list[str] | None = None) -> str:
                                    guard_lib.evaluate_menus(probe, library, guards, 50, menu_seed0)))
     menu_filter = options.run_menu_filter(library, guards.menu_filter if guards else None, args.arrived)
 
+    def evaluate_team(seeds: list[int], episodes_out: list | None = None) -> dict:
+        """The adapters in place, greedy (T = 0), on held-out start states; with the seconds it took."""
+        t0 = time.perf_counter()
+        result = pamagrpo.evaluate(policy, game_factory, library, menu_filter, seeds, names, 0.0, args.seed,
+                                   episodes_out=episodes_out)
+        return {**result, "seconds": round(time.perf_counter() - t0, 1)}
+
     optimizers = pamagrpo.make_optimizers(policy, names, args.lr)
     cfg = pamagrpo.UpdateConfig(args.clip_eps, args.kl_coef, args.entropy_coef, args.epochs, args.minibatch,
                                 args.max_grad_norm)
@@ -591,14 +599,13 @@ def main(argv: list[str] | None = None) -> str:
                   f"return {record['rollout/return_mean']:.1f} zero-std {record['rollout/zero_std_groups']:.2f} "
                   f"{entropy} {record['time/iteration_s']:.0f}s/it ETA {eta / 60:.1f} min", flush=True)
         if args.eval_interval and (it + 1) % args.eval_interval == 0 and it + 1 < args.iterations:
-            result = pamagrpo.evaluate(policy, game_factory, library, menu_filter, validation_seeds, names, 0.0,
-                                       args.seed)
+            result = evaluate_team(validation_seeds)
             record.update({f"validation/{k}": v for k, v in result.items()})
             if lead:
                 append_jsonl(eval_path, {**eval_record("validation", it, result), "states": len(validation_seeds)})
                 save_adapters(policy, os.path.join(run_dir, "snapshots", f"iter_{it + 1:04d}"))
                 print(f"  validation (greedy, {len(validation_seeds)} distinct start states): "
-                      f"score {result['score']:.3f}")
+                      f"score {result['score']:.3f} ({result['seconds']:.0f}s)")
         if lead:
             append_jsonl(metrics_path, record)
             save_checkpoint(run_dir, policy, optimizers, it)
@@ -606,13 +613,13 @@ def main(argv: list[str] | None = None) -> str:
     # ------------------------------------------------------------------------- final evaluation and report
     if args.iterations > 0:
         final_episodes: list = []  # the intact team's episodes, reused by the audit (one process only)
-        result = pamagrpo.evaluate(policy, game_factory, library, menu_filter, eval_seeds, names, 0.0, args.seed,
-                                   episodes_out=final_episodes)
+        result = evaluate_team(eval_seeds, final_episodes)
         if lead:
             append_jsonl(eval_path, {**eval_record("final", args.iterations - 1, result), "states": len(eval_seeds)})
             save_adapters(policy, os.path.join(run_dir, "adapters"))
             save_adapters(policy, os.path.join(run_dir, "snapshots", f"iter_{args.iterations:04d}"))
-            print(f"final test (greedy, {len(eval_seeds)} distinct test start states): score {result['score']:.3f}")
+            print(f"final test (greedy, {len(eval_seeds)} distinct test start states): score {result['score']:.3f} "
+                  f"({result['seconds']:.0f}s)")
             if args.audit_episodes:  # who did the work, and what each agent is worth (audit.py)
                 t0 = time.perf_counter()
                 audit_seeds = eval_seeds[:args.audit_episodes]
@@ -620,15 +627,15 @@ def main(argv: list[str] | None = None) -> str:
                 row = {"iteration": args.iterations, "team": "trained adapters", "episodes": len(audit_seeds),
                        **audit.audit_llm_team(policy, game_factory, library, names, audit_seeds, menu_filter,
                                               args.seed, intact=intact)}
-                write_json(os.path.join(run_dir, "audit_final.json"), row)
                 audit.write_replay(run_dir, policy, game_factory, library, names, audit_seeds[0], menu_filter)
+                row["seconds"] = round(time.perf_counter() - t0, 1)  # the ablations' episodes and the replay
+                write_json(os.path.join(run_dir, "audit_final.json"), row)
                 print(f"audit ({len(audit_seeds)} test start states, {time.perf_counter() - t0:.0f}s): "
                       f"{row['summary']}")
         # checkpoint selection on validation start states, never on test ones: the last adapters are a
         # candidate too; the selected adapters are then scored on the test states, beside the last ones
         if args.eval_interval:
-            validation = pamagrpo.evaluate(policy, game_factory, library, menu_filter, validation_seeds, names, 0.0,
-                                           args.seed)
+            validation = evaluate_team(validation_seeds)
             if lead:
                 append_jsonl(eval_path, {**eval_record("validation", args.iterations - 1, validation),
                                          "states": len(validation_seeds)})
@@ -637,7 +644,7 @@ def main(argv: list[str] | None = None) -> str:
         chosen = result
         if selected != args.iterations:
             policy.load_adapters(os.path.join(run_dir, "snapshots", f"iter_{selected:04d}"))
-            chosen = pamagrpo.evaluate(policy, game_factory, library, menu_filter, eval_seeds, names, 0.0, args.seed)
+            chosen = evaluate_team(eval_seeds)
         if lead:
             append_jsonl(eval_path, {**eval_record("selected", selected - 1, chosen), "states": len(eval_seeds)})
             summary = {"seed": args.seed, "last_test_score": result["score"], "selected_test_score": chosen["score"],
@@ -649,6 +656,7 @@ def main(argv: list[str] | None = None) -> str:
                   f"{chosen['score']:.3f} (last: {result['score']:.3f})")
     if lead:
         write_report(run_dir, args)
+        print(f"done: {run_dir} ({(time.perf_counter() - t_process) / 60:.1f} min in this process)")
     barrier()  # no rank leaves before rank 0 has written everything
     return run_dir
 
