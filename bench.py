@@ -159,7 +159,8 @@ def coop_push_iteration(model: str, dtype: str, lora_layers: int, start_states: 
     with profiler or contextlib.nullcontext():
         record = pamagrpo.iteration(policy, optimizers, lambda: envs.make_game("coop_push", None, 0), library,
                                     guard.menu_filter, seeds, group_size, 1.0, "to_go", "per_agent",
-                                    pamagrpo.UpdateConfig(), seed=0, it=0)
+                                    pamagrpo.UpdateConfig(), seed=0, it=0,
+                                    greedy_rollouts=train.Args().greedy_rollouts)
     return record, layers or network.config.num_hidden_layers, network.get_output_embeddings().weight.shape[0]
 
 

@@ -47,7 +47,8 @@ Departures from GRPO (Shao et al. 2024) and MAGRPO:
   with `epochs=1` the ratio is exactly 1 and the clip never binds (on-policy policy gradient, above);
 - rollouts sampled at temperature T != 1 are treated as if drawn from pi_i (no correction: off-policy); so
   are greedy rollouts (`greedy_rollouts` > 0: the first k of each group play the argmax, so the greedy
-  policy's own loops get advantages) and a decaying temperature (train.py `--temperature-decay`);
+  policy's own loops get negative advantages; train.py's default is one per group of four, chosen over 5
+  seeds in results/recipes-plan.md) and a decaying temperature (train.py `--temperature-decay`);
 - with adapters only in the top layers (`lora_layers`), the update replays the rollouts' cached trunk
   outputs instead of recomputing the frozen bottom layers (identical math, a fraction of the cost);
 - under torchrun, ranks split the start states (whole groups) and sum each agent's gradient before its
