@@ -630,7 +630,7 @@ def main(argv: list[str] | None = None) -> str:
                 audit.write_replay(run_dir, policy, game_factory, library, names, audit_seeds[0], menu_filter)
                 row["seconds"] = round(time.perf_counter() - t0, 1)  # the ablations' episodes and the replay
                 write_json(os.path.join(run_dir, "audit_final.json"), row)
-                print(f"audit ({len(audit_seeds)} test start states, {time.perf_counter() - t0:.0f}s): "
+                print(f"audit ({len(audit_seeds)} test start states, {row['seconds']:.0f}s): "
                       f"{row['summary']}")
         # checkpoint selection on validation start states, never on test ones: the last adapters are a
         # candidate too; the selected adapters are then scored on the test states, beside the last ones
