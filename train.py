@@ -852,7 +852,8 @@ def sweep_summary(out: str, plan: dict) -> dict:
               "audit (drop if agent 1 / 2 idles) | wall clock |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in rows:
         if r["status"] != "done":
-            lines.append(f"| {r['seed']} | {r['status']} | | | | | | {r['wall_s'] / 60:.1f} min |")
+            clock = f"{r['wall_s'] / 60:.1f} min so far" if r["wall_s"] else ""  # not started: no clock
+            lines.append(f"| {r['seed']} | {r['status']} | | | | | | {clock} |")
             continue
         competent = "yes" if r["competent"] else "no"
         team = f"{r['audit']} ({' / '.join(f'{d:.2f}' for d in r['idle_drops'])})" if "audit" in r else "-"
