@@ -639,6 +639,8 @@ def main(argv: list[str] | None = None) -> str:
             if lead:
                 append_jsonl(eval_path, {**eval_record("validation", args.iterations - 1, validation),
                                          "states": len(validation_seeds)})
+                print(f"  validation of the last adapters (greedy, {len(validation_seeds)} distinct start states): "
+                      f"score {validation['score']:.3f} ({validation['seconds']:.0f}s)")
         barrier()
         selected = select_checkpoint(read_jsonl(eval_path), args.iterations)
         chosen = result
