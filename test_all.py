@@ -1337,6 +1337,11 @@ def test_a_sweep_trains_one_run_per_seed_summarizes_and_resumes(tmp_path, capsys
     os.remove(os.path.join(out, "seed1", "result.json"))
     partial = train.sweep_summary(out, json.load(open(os.path.join(out, "sweep.json"))))
     assert partial["finished"] == 1 and "1 of 2 seeds unfinished" in open(os.path.join(out, "summary.md")).read()
+    plan = json.load(open(os.path.join(out, "sweep.json")))
+    ran = plan["wall_s"].pop("1")  # a seed that never started shows no clock; one that ran shows its time so far
+    assert f"| {round(ran, 1) / 60:.1f} min so far |" in open(os.path.join(out, "summary.md")).read()
+    train.sweep_summary(out, plan)
+    assert open(os.path.join(out, "summary.md")).read().rstrip().endswith("| 1 | unfinished | | | | | |  |")
     mtime = os.path.getmtime(os.path.join(out, "seed0", "result.json"))
     train.main(["--resume", out])
     assert os.path.getmtime(os.path.join(out, "seed0", "result.json")) == mtime
