@@ -401,6 +401,12 @@ def eval_record(tag: str, it: int, result: dict) -> dict:
     return {"tag": tag, "iteration": it, **{f"eval/{k}": v for k, v in result.items()}}
 
 
+def validation_line(result: dict, states: int, which: str = "") -> str:
+    """The progress line of one greedy validation (`which`: what was validated, if not the current adapters)."""
+    return f"  validation{which} (greedy, {states} distinct start states): score {result['score']:.3f} " \
+           f"({result['seconds']:.0f}s)"
+
+
 def training_seeds(game: envs.Game, seed: int, it: int, start_states: int) -> list[int]:
     """The start states of iteration `it`: distinct, from the training split only (never a validation or
     test start state, whatever the seed integers), drawn afresh every iteration."""
@@ -604,8 +610,7 @@ def main(argv: list[str] | None = None) -> str:
             if lead:
                 append_jsonl(eval_path, {**eval_record("validation", it, result), "states": len(validation_seeds)})
                 save_adapters(policy, os.path.join(run_dir, "snapshots", f"iter_{it + 1:04d}"))
-                print(f"  validation (greedy, {len(validation_seeds)} distinct start states): "
-                      f"score {result['score']:.3f} ({result['seconds']:.0f}s)")
+                print(validation_line(result, len(validation_seeds)))
         if lead:
             append_jsonl(metrics_path, record)
             save_checkpoint(run_dir, policy, optimizers, it)
@@ -639,8 +644,7 @@ def main(argv: list[str] | None = None) -> str:
             if lead:
                 append_jsonl(eval_path, {**eval_record("validation", args.iterations - 1, validation),
                                          "states": len(validation_seeds)})
-                print(f"  validation of the last adapters (greedy, {len(validation_seeds)} distinct start states): "
-                      f"score {validation['score']:.3f} ({validation['seconds']:.0f}s)")
+                print(validation_line(validation, len(validation_seeds), " of the last adapters"))
         barrier()
         selected = select_checkpoint(read_jsonl(eval_path), args.iterations)
         chosen = result
