@@ -2282,6 +2282,9 @@ def test_games_import_nothing_above_them_and_audits_not_the_algorithm():
 def test_sweep_curves_draw_the_mean_and_a_band_over_seeds(tmp_path):
     from PIL import Image
 
+    plan = {"seeds": [0, 1, 2], "seeds_text": "0-2", "flags": [], "wall_s": {}}
+    assert train.sweep_summary(str(tmp_path), plan)["finished"] == 0  # nothing finished yet: no curves to point to
+    assert "curves.png" not in (tmp_path / "summary.md").read_text() and not (tmp_path / "curves.png").exists()
     for seed in range(3):
         run = tmp_path / f"seed{seed}"
         run.mkdir()
@@ -2300,15 +2303,14 @@ def test_sweep_curves_draw_the_mean_and_a_band_over_seeds(tmp_path):
             row = {"n_agents": 2, "score": 1.0, "agent0.progress_share": 0.6, "agent1.progress_share": 0.4,
                    **{f"agent{i}.ablation_idle_drop_rel": d for i, d in enumerate(drops)}}
             train.write_json(str(run / "audit_final.json"), {**row, "summary": audit.summarize(row, 2)})
-    summary = train.sweep_summary(str(tmp_path), {"seeds": [0, 1, 2], "seeds_text": "0-2", "flags": [],
-                                                  "wall_s": {}})
+    summary = train.sweep_summary(str(tmp_path), plan)
     assert summary["finished"] == 3 and abs(summary["selected_test_score"]["mean"] - 0.8) < 1e-9
     assert summary["audits"] == {"interdependent": 1, "solo": 1}
     assert summary["idle_drop_min"]["mean"] == pytest.approx(0.3) and summary["idle_drop_max"]["mean"] == 0.9
     runs = summary["runs"]
     assert runs[0]["idle_drops"] == [0.8, 0.0] and runs[1]["audit"] == "interdependent" and "audit" not in runs[2]
     text = (tmp_path / "summary.md").read_text()
-    assert "interdependent 1, solo 1" in text and "| solo (0.80 / 0.00) |" in text
+    assert "interdependent 1, solo 1" in text and "| solo (0.80 / 0.00) |" in text and "`curves.png`" in text
     with Image.open(tmp_path / "curves.png") as image:
         assert image.format == "PNG" and image.size[0] > 400
     mean, low, high = audit.band([[0.0, 1.0], [1.0, 1.0]])

@@ -845,8 +845,9 @@ def sweep_summary(out: str, plan: dict) -> dict:
              f"**{summary['competent']}/{summary['seeds']} seeds competent** ({summary['competent_means']}"
              f"{unfinished_note(summary)}); mean test score with a 95% bootstrap CI over seeds: selected "
              f"{mean_ci(summary['selected_test_score'])}, "
-             f"last {mean_ci(summary['last_test_score'])}.", "",
-             "Learning curves with bands over seeds: `curves.png`.", ""]
+             f"last {mean_ci(summary['last_test_score'])}.", ""]
+    if done:
+        lines += ["Learning curves with bands over seeds: `curves.png`.", ""]
     if audited:
         labels = ", ".join(f"{label} {count}" for label, count in summary["audits"].items())
         plural = "" if len(audited) == 1 else "s"
