@@ -1350,6 +1350,37 @@ def test_a_sweep_trains_one_run_per_seed_summarizes_and_resumes(tmp_path, capsys
         train.main([*flags, "--seeds", "0-1", "--out", out])
 
 
+def test_a_killed_sweep_keeps_the_clock_of_its_running_seed(tmp_path):
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    out = tmp_path / "sweep"
+    flags = ["--model", "tiny", "--dtype", "float32", "--game", "coop_push", "--layout", "heavy_only",
+             "--group-size", "2", "--start-states", "1", "--eval-episodes", "1", "--burn-in-episodes", "10",
+             "--eval-interval", "0", "--lora-layers", "1", "--audit-episodes", "0", "--base-episodes", "0",
+             "--iterations", "1000", "--cache", str(tmp_path / "cache"), "--seeds", "0", "--out", str(out)]
+
+    def clocks() -> dict:  # sweep.json is written whole or not at all (a rename)
+        return json.loads((out / "sweep.json").read_text())["wall_s"] if (out / "sweep.json").exists() else {}
+
+    proc = subprocess.Popen([sys.executable, "train.py", *flags], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.time() + 300  # until the sweep has shown seed 0's first progress line
+        while time.time() < deadline and "0" not in clocks():
+            time.sleep(0.5)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)  # the sweep and its seed, mid-training, as a session's end does
+        proc.wait()
+    plan = json.load(open(out / "sweep.json"))
+    assert plan["wall_s"]["0"] > 0 and not (out / "seed0" / "result.json").exists()
+    train.sweep_summary(str(out), plan)
+    assert f"| 0 | unfinished | | | | | | {plan['wall_s']['0'] / 60:.1f} min so far |" in \
+        (out / "summary.md").read_text()
+
+
 def test_sweep_helpers():
     assert train.parse_seed_list("0-4") == [0, 1, 2, 3, 4] and train.parse_seed_list("0-1,7") == [0, 1, 7]
     for bad in ("", "a", "3-1", "1,1", "-2"):

@@ -749,13 +749,16 @@ def run_sweep(args: Args, given: set[str], argv: list[str]) -> str:
             os.makedirs(run_dir, exist_ok=True)
             log = open(os.path.join(run_dir, "train.log"), "a")
             proc = subprocess.Popen(cmd + ["--threads", str(threads)], stdout=log, stderr=subprocess.STDOUT)
-            running[seed] = (proc, time.time(), log)
+            running[seed] = (proc, time.time(), log, plan["wall_s"].get(str(seed), 0.0))
         time.sleep(1.0)
-        for seed, (proc, t0, log) in list(running.items()):
+        for seed, (proc, t0, log, before) in list(running.items()):
             line = last_progress(os.path.join(out, f"seed{seed}", "train.log"))
             if line and line != shown.get(seed):
                 shown[seed] = line
                 print(f"seed {seed}: {line}", flush=True)
+                # the seed's clock so far, kept at each progress line: a killed sweep loses at most one line's time
+                plan["wall_s"][str(seed)] = before + time.time() - t0
+                write_json(os.path.join(out, "sweep.json"), plan)
             if proc.poll() is None:
                 continue
             line = last_progress(os.path.join(out, f"seed{seed}", "train.log"))  # its last line, written at exit
@@ -763,7 +766,7 @@ def run_sweep(args: Args, given: set[str], argv: list[str]) -> str:
                 print(f"seed {seed}: {line}", flush=True)
             log.close()
             del running[seed]
-            plan["wall_s"][str(seed)] = plan["wall_s"].get(str(seed), 0.0) + time.time() - t0
+            plan["wall_s"][str(seed)] = before + time.time() - t0
             write_json(os.path.join(out, "sweep.json"), plan)
             if proc.returncode != 0:
                 failed[seed] = f"exit {proc.returncode}: {line}"
