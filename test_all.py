@@ -1377,7 +1377,7 @@ def test_a_killed_sweep_keeps_the_clock_of_its_running_seed(tmp_path):
     plan = json.load(open(out / "sweep.json"))
     assert plan["wall_s"]["0"] > 0 and not (out / "seed0" / "result.json").exists()
     train.sweep_summary(str(out), plan)
-    assert f"| 0 | unfinished | | | | | | {plan['wall_s']['0'] / 60:.1f} min so far |" in \
+    assert f"| 0 | unfinished | | | | | | {round(plan['wall_s']['0'], 1) / 60:.1f} min so far |" in \
         (out / "summary.md").read_text()
 
 
