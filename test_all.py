@@ -1337,6 +1337,9 @@ def test_a_sweep_trains_one_run_per_seed_summarizes_and_resumes(tmp_path, capsys
     os.remove(os.path.join(out, "seed1", "result.json"))
     partial = train.sweep_summary(out, json.load(open(os.path.join(out, "sweep.json"))))
     assert partial["finished"] == 1 and "1 of 2 seeds unfinished" in open(os.path.join(out, "summary.md")).read()
+    # one finished seed has a mean but no interval: a bootstrap of one value would read [x, x], a false certainty
+    assert partial["selected_test_score"]["ci95"] is None and partial["selected_test_score"]["mean"] == scores[0]
+    assert f"selected {scores[0]:.3f} (one seed: no CI)" in open(os.path.join(out, "summary.md")).read()
     plan = json.load(open(os.path.join(out, "sweep.json")))
     ran = plan["wall_s"].pop("1")  # a seed that never started shows no clock; one that ran shows its time so far
     assert f"| {round(ran, 1) / 60:.1f} min so far |" in open(os.path.join(out, "summary.md")).read()

@@ -788,13 +788,20 @@ def unfinished_note(summary: dict) -> str:
 
 
 def mean_and_ci(values: list[float]) -> dict:
-    """{"mean", "ci95"} of a sweep's per-seed values (None when no seed has one)."""
-    return {"mean": float(np.mean(values)) if values else None, "ci95": audit.bootstrap_ci(values) if values else None}
+    """{"mean", "ci95"} of a sweep's per-seed values: mean None when no seed has one, ci95 None below two seeds
+    (resampling one value gives a zero-width interval that would read as certainty)."""
+    return {"mean": float(np.mean(values)) if values else None,
+            "ci95": audit.bootstrap_ci(values) if len(values) >= 2 else None}
 
 
 def mean_ci(stat: dict) -> str:
-    """'0.850 [0.700, 1.000]' from a summary's {"mean", "ci95"}; '-' when no seed finished."""
-    return "-" if stat["mean"] is None else f"{stat['mean']:.3f} [{stat['ci95'][0]:.3f}, {stat['ci95'][1]:.3f}]"
+    """'0.850 [0.700, 1.000]' from a summary's {"mean", "ci95"}; '1.000 (one seed: no CI)'; '-' when no seed
+    finished."""
+    if stat["mean"] is None:
+        return "-"
+    if stat["ci95"] is None:
+        return f"{stat['mean']:.3f} (one seed: no CI)"
+    return f"{stat['mean']:.3f} [{stat['ci95'][0]:.3f}, {stat['ci95'][1]:.3f}]"
 
 
 def audit_of_run(run_dir: str) -> dict:
@@ -913,13 +920,17 @@ def plot_sweep(out: str, run_dirs: list[str], path: str) -> None:
     for (name, scores), style in zip(sorted(baselines.items()), (":", "--", "-.")):
         ax.axhline(float(np.mean(scores)), color="gray", linestyle=style, linewidth=1, label=f"{name} (greedy)")
     selected = [r["eval/score"] for e in evals for r in e if r["tag"] == "selected"]
-    if selected:
+    if len(selected) == 1:
+        ax.plot([iterations + 1.5], selected, "s", color="C3",
+                label=f"selected checkpoint, test states: {selected[0]:.2f} (one seed: no CI)")
+    elif selected:
         low, high = audit.bootstrap_ci(selected)
         mean = float(np.mean(selected))
         ax.errorbar([iterations + 1.5], [mean], yerr=[[mean - low], [high - mean]], fmt="s", color="C3",
                     capsize=4, label=f"selected checkpoint, test states: {mean:.2f} [{low:.2f}, {high:.2f}]")
     ax.set(xlabel="iteration", ylabel="normalized score", ylim=(-0.02, 1.02),
-           title=f"{os.path.basename(os.path.normpath(out))}: {len(run_dirs)} seeds, 95% bootstrap bands")
+           title=f"{os.path.basename(os.path.normpath(out))}: "
+                 + ("one seed" if len(run_dirs) == 1 else f"{len(run_dirs)} seeds, 95% bootstrap bands"))
     ax.legend(fontsize=7, loc="lower right")
     fig.tight_layout()
     audit.save_figure(fig, path, dpi=110)
