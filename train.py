@@ -920,14 +920,12 @@ def plot_sweep(out: str, run_dirs: list[str], path: str) -> None:
     for (name, scores), style in zip(sorted(baselines.items()), (":", "--", "-.")):
         ax.axhline(float(np.mean(scores)), color="gray", linestyle=style, linewidth=1, label=f"{name} (greedy)")
     selected = [r["eval/score"] for e in evals for r in e if r["tag"] == "selected"]
-    if len(selected) == 1:
-        ax.plot([iterations + 1.5], selected, "s", color="C3",
-                label=f"selected checkpoint, test states: {selected[0]:.2f} (one seed: no CI)")
-    elif selected:
-        low, high = audit.bootstrap_ci(selected)
-        mean = float(np.mean(selected))
+    if selected:  # the summary's rule: a mean, and a CI from two seeds on
+        stat = mean_and_ci(selected)
+        mean = stat["mean"]
+        low, high = stat["ci95"] or (mean, mean)
         ax.errorbar([iterations + 1.5], [mean], yerr=[[mean - low], [high - mean]], fmt="s", color="C3",
-                    capsize=4, label=f"selected checkpoint, test states: {mean:.2f} [{low:.2f}, {high:.2f}]")
+                    capsize=4, label=f"selected checkpoint, test states: {mean_ci(stat)}")
     ax.set(xlabel="iteration", ylabel="normalized score", ylim=(-0.02, 1.02),
            title=f"{os.path.basename(os.path.normpath(out))}: "
                  + ("one seed" if len(run_dirs) == 1 else f"{len(run_dirs)} seeds, 95% bootstrap bands"))
