@@ -170,6 +170,8 @@ class Game:
     solo_layouts: tuple[str, ...] = ()  # built-in layouts where one agent can earn the maximum reward
     movement = "blocking"  # the movement rule of resolve_moves: "lb-foraging", "overcooked" or "blocking"
     players = 2  # agents a layout of the game must have (prompts, options and audits are written for two)
+    shaped = False  # whether step() sets `shaping`, a training-only reward (train.py --shaping; kitchen)
+    shaping = 0.0  # the last step's shaped reward, in reward units; never part of the reward or the score
 
     def __init__(self, layout: str | None = None, seed: int = 0):
         layout = layout or self.default_layout
@@ -227,7 +229,7 @@ class Game:
         self.seed = seed
         self.rng = np.random.default_rng(seed)
         self.t = 0
-        self.total_reward = 0.0
+        self.total_reward = self.shaping = 0.0
         self.done = False
         self.reset_objects(self.rng)
         self.pos = list(self.agent_starts)
@@ -821,6 +823,9 @@ class Kitchen(Game):
     at max_steps. Events: ('onion_in_pot', (i,), pot), ('soup_plated', (i,), pot), ('soup_served', (i,), 0),
     ('counter_place', (i,), cell), ('counter_take', (i,), cell), and ('handoff', (placer, taker), cell)
     when an agent takes an item another agent put down.
+    Shaped reward (`shaping`, Overcooked-AI's reward shaping, for training only: train.py --shaping): 3 per
+    onion put in a pot, 3 per useful dish taken from a dispenser (fewer dishes held or on counters than pots
+    with onions), 5 per soup plated; never part of the reward or the score.
     """
 
     name = "kitchen"
@@ -831,6 +836,8 @@ class Kitchen(Game):
     keys = {"max_steps": "an integer in [1, 10000]", "random_starts": "yes or no", "orders": "an integer in [1, 10000]",
             "cook_time": "an integer in [1, 10000]", "random_contents": "yes or no"}
     SOUP = 20.0
+    shaped = True
+    ONION_IN_POT, USEFUL_DISH, SOUP_PLATED = 3.0, 3.0, 5.0  # Overcooked-AI's shaped rewards (same units as SOUP)
     layouts = {
         # after Overcooked-AI's cramped_room: one agent can do everything alone
         "cramped_room": "XXPXX\nO  2O\nX1  X\nXDXSX\norders: 2\ncook_time: 5\nmax_steps: 100\nrandom_starts: yes\n"
@@ -944,7 +951,7 @@ class Kitchen(Game):
 
     def step(self, actions: list[int]) -> tuple[float, bool, bool, list]:
         events: list = []
-        reward = 0.0
+        reward = shaping = 0.0
         # phase 1: cooking advances
         for k in range(len(self.pots)):
             if self.pot_onions[k] == 3 and self.pot_timer[k] > 0:
@@ -963,6 +970,8 @@ class Kitchen(Game):
             if ch == "O" and held is None:
                 self.held[i] = "onion"
             elif ch == "D" and held is None:
+                if self.dishes_in_play() < sum(n > 0 for n in self.pot_onions):
+                    shaping += self.USEFUL_DISH
                 self.held[i] = "dish"
             elif ch == "P":
                 k = self.pot_index[cell]
@@ -971,10 +980,12 @@ class Kitchen(Game):
                     self.pot_onions[k] += 1
                     if self.pot_onions[k] == 3:
                         self.pot_timer[k] = self.cook_time
+                    shaping += self.ONION_IN_POT
                     events.append(("onion_in_pot", (i,), k))
                 elif held == "dish" and self.pot_onions[k] == 3 and self.pot_timer[k] == 0:
                     self.held[i] = "soup"
                     self.pot_onions[k] = 0
+                    shaping += self.SOUP_PLATED
                     events.append(("soup_plated", (i,), k))
             elif ch == "S" and held == "soup" and self.served < self.orders:  # no soup past the last order
                 self.held[i] = None
@@ -992,8 +1003,13 @@ class Kitchen(Game):
                     events.append(("counter_take", (i,), cell))
                     if placer not in (i, -1):
                         events.append(("handoff", (placer, i), cell))
+        self.shaping = shaping
         r, term, trunc = self.finish_step(reward, self.served >= self.orders)
         return r, term, trunc, events
+
+    def dishes_in_play(self) -> int:
+        """Dishes held by agents or lying on counters."""
+        return sum(h == "dish" for h in self.held) + sum(item == "dish" for item, _ in self.on_counter.values())
 
     def nearest(self, agent: int, cells: list[int]) -> int:
         r0, c0 = self.rc(self.pos[agent])

@@ -686,6 +686,7 @@ class Runner:
     events: list = field(default_factory=list)  # (t, kind, agents, obj)
     actions: list = field(default_factory=list)  # joint primitive action of each step
     rewards: list = field(default_factory=list)  # team reward of each step
+    shaping: list = field(default_factory=list)  # the game's shaped reward of each step (training only; kitchen)
     on_step: object = None  # called as on_step(runner) after every primitive step (audit.py's GIF replay)
 
     def __post_init__(self):
@@ -720,6 +721,7 @@ class Runner:
             reward, _, _, events = game.step(joint)
             self.actions.append(joint)
             self.rewards.append(reward)
+            self.shaping.append(game.shaping)
             self.events += [(game.t, *e) for e in events]
             for i in range(game.n_agents):
                 run = self.running[i]

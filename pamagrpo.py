@@ -10,7 +10,9 @@ Each agent i has its own LoRA adapter (policy pi_i, see policy.py). One iteratio
    uses the whole episode return instead; `credit="to_go_aligned"` subtracts the group's mean
    return-to-go from the same step, R_d - mean_{g' in s} sum_{t >= t_d} r^{g'}_t / R_max, so that in long
    episodes with several rewards early decisions are not favored merely for coming early). A discount
-   `gamma` < 1 weighs r_t by gamma^(t - t_d), which prefers the faster of rollouts that all succeed.
+   `gamma` < 1 weighs r_t by gamma^(t - t_d), which prefers the faster of rollouts that all succeed. With
+   `shaping` w > 0, r_t = team reward + w x the game's shaped reward of step t (kitchen: Overcooked-AI's
+   rewards for an onion in a pot, a useful dish, a plated soup; train.py anneals w to 0); scores never use it.
 3. Per-agent advantages (Dr. MAS style). For agent i and group s, over agent i's own decisions D_{i,s}:
        A_d = (R_d - mean_{D_{i,s}} R) / (std_{D_{i,s}} R + eps)
    Agents make different numbers of decisions (options are asynchronous), so their statistics differ.
@@ -127,13 +129,16 @@ def returns_to_go(rewards: list[float], gamma: float) -> list[float]:
 
 
 def credit(steps: list[Step], runners: list[options.Runner], max_reward: float, mode: str,
-           group_of: list[int] | None = None, gamma: float = 1.0) -> None:
+           group_of: list[int] | None = None, gamma: float = 1.0, shaping: float = 0.0) -> None:
     """Set each step's credited return: the return-to-go from its start step ("to_go"), the episode return
     ("episode"), or the return-to-go minus the mean return-to-go of its group's rollouts from the same step
     ("to_go_aligned": a time-aligned group baseline, so a decision is not credited for how early it came).
     gamma < 1 discounts rewards by their distance from the decision (from step 0 for "episode"), so that
-    among rollouts that all succeed the faster ones are preferred."""
-    to_go = [returns_to_go(run.rewards, gamma) for run in runners]
+    among rollouts that all succeed the faster ones are preferred. shaping > 0 adds the game's shaped reward
+    of each step times `shaping` to its reward (r_t + w s_t; kitchen's Overcooked-AI shaping)."""
+    rewards = [run.rewards if not shaping else [r + shaping * s for r, s in zip(run.rewards, run.shaping)]
+               for run in runners]
+    to_go = [returns_to_go(r, gamma) for r in rewards]
 
     def at(r: int, t: int) -> float:  # rollout r's return-to-go from step t (0 once it has ended)
         return to_go[r][min(t, len(to_go[r]) - 1)]
@@ -268,9 +273,11 @@ def make_optimizers(policy: MenuPolicy, names: list[str], lr: float) -> dict[str
 
 def iteration(policy: MenuPolicy, optimizers, game_factory, library, menu_filter, seeds: list[int],
               group_size: int, temperature: float, credit_mode: str, advantage_mode: str, cfg: UpdateConfig,
-              seed: int, it: int, gamma: float = 1.0, greedy_rollouts: int = 0) -> dict[str, float]:
+              seed: int, it: int, gamma: float = 1.0, greedy_rollouts: int = 0,
+              shaping: float = 0.0) -> dict[str, float]:
     """One PA-MAGRPO iteration: group rollouts -> credit -> advantages -> per-agent update. Returns metrics.
     greedy_rollouts: the first k rollouts of every group are played greedily (T = 0) instead of sampled.
+    shaping: the weight of the game's shaped rewards in the credited returns (0: the team reward alone).
 
     Under torchrun each rank plays the groups of its share of `seeds` (whole groups, so advantages stay
     local) and the update all-reduces gradients; the metrics are gathered from every rank."""
@@ -290,7 +297,7 @@ def iteration(policy: MenuPolicy, optimizers, game_factory, library, menu_filter
                               trunk_cache)
     t_rollout = time.perf_counter() - t0
     max_reward = games[0].max_reward
-    credit(steps, runners, max_reward, credit_mode, group_of, gamma)
+    credit(steps, runners, max_reward, credit_mode, group_of, gamma, shaping)
     zero, units = advantage_counts(steps, group_of, advantage_mode)
     metrics = update(policy, optimizers, steps, cfg, order_seed=seed * 1_000_003 + it, trunk_cache=trunk_cache)
     scores = all_gather([run.game.score for run in runners])
@@ -300,7 +307,7 @@ def iteration(policy: MenuPolicy, optimizers, game_factory, library, menu_filter
     elapsed = time.perf_counter() - t0
     out = {"iteration": it, "rollout/return_mean": float(np.mean(raw)), "rollout/return_std": float(np.std(raw)),
            "rollout/score_mean": float(np.mean(scores)), "rollout/zero_std_groups": float(zero / max(units, 1)),
-           "rollout/temperature": temperature,
+           "rollout/temperature": temperature, "rollout/shaping": shaping,
            "rollout/decisions": sum(all_gather([len(steps)])), "rollout/episode_steps": float(np.mean(lengths)),
            "time/rollout_s": t_rollout, "time/update_s": elapsed - t_rollout, "time/iteration_s": elapsed,
            "time/tokens": sum(all_gather([policy.tokens_processed - tokens0]))}

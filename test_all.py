@@ -244,6 +244,35 @@ def test_soup_cycle():
     assert reward == 20.0 and term and ev == [("soup_served", (0,), 0)] and game.served == 1
 
 
+def test_kitchen_shaping_follows_overcooked_ai_and_never_enters_the_score():
+    game = kitchen_line()
+    shaped = []
+    for _ in range(3):
+        for a in (W, W, INTERACT, E, N, INTERACT):  # three onions into the pot: 3 each
+            game.step([a])
+            shaped.append(game.shaping)
+    assert shaped == [0.0] * 5 + [3.0] + [0.0] * 5 + [3.0] + [0.0] * 5 + [3.0]
+    game.step([S])
+    game.step([INTERACT])  # a dish while the pot has onions and no dish is in play: useful, 3
+    assert game.held[0] == "dish" and game.shaping == 3.0
+    game.step([N])
+    assert game.shaping == 0.0  # per step, not cumulative
+    game.step([INTERACT])
+    assert game.held[0] == "soup" and game.shaping == 5.0  # plating: 5
+    assert game.total_reward == 0.0 and game.score == 0.0  # shaping is never reward
+    game = envs.GAMES["kitchen"]("XXPXX\nO 1 S\nXXDXX\n")
+    game.step([S])
+    game.step([INTERACT])  # a dish when no pot holds an onion: not useful
+    assert game.held[0] == "dish" and game.shaping == 0.0
+    game = envs.GAMES["kitchen"]("XXPXX\nO 1 S\nXXDXX\n")
+    game.pot_onions[0] = 1
+    game.on_counter[1] = ("dish", -1)  # a dish already lies on a counter: one dish for the one busy pot
+    game.step([S])
+    game.step([INTERACT])
+    assert game.held[0] == "dish" and game.shaping == 0.0
+    assert envs.GAMES["kitchen"].shaped and not envs.GAMES["coop_push"].shaped and not envs.GAMES["forage"].shaped
+
+
 def test_counter_handoff_is_attributed_to_both():
     game = envs.GAMES["kitchen"]("XXPXX\nO1X2S\nXXDXX\n")
     game.step([STAY, STAY])
@@ -1176,6 +1205,30 @@ def test_return_to_go_credit():
                                       pytest.approx(10 / 4 / 110)]
     pamagrpo.credit(steps, runners, 110.0, "episode", gamma=0.5)  # discounted from step 0
     assert steps[2].ret == pytest.approx(10 / 32 / 110)
+
+
+def test_shaped_rewards_add_to_the_credited_returns_with_their_weight():
+    class R:  # a runner with per-step team and shaped rewards
+        def __init__(self, rewards, shaping):
+            self.rewards, self.shaping = rewards, shaping
+
+    steps = [fake_step(0, 0, 0), fake_step(0, 1, 2), fake_step(1, 0, 1)]
+    runners = [R([0, 0, 0, 20], [3, 0, 5, 0]), R([0, 0, 0], [0, 3, 0])]
+    pamagrpo.credit(steps, runners, 20.0, "to_go", [0, 0], gamma=0.5, shaping=0.5)
+    # r_t + 0.5 s_t = [1.5, 0, 2.5, 20] and [0, 1.5, 0]; discounted by 0.5 per step from t_d
+    assert [s.ret for s in steps] == pytest.approx([(1.5 + 2.5 / 4 + 20 / 8) / 20, (2.5 + 20 / 2) / 20, 1.5 / 20])
+    pamagrpo.credit(steps, runners, 20.0, "to_go", [0, 0], gamma=0.5)  # weight 0: the team reward alone
+    assert [s.ret for s in steps] == pytest.approx([20 / 8 / 20, 20 / 2 / 20, 0.0])
+
+
+def test_shaping_weight_falls_linearly_to_zero_and_only_kitchen_accepts_it():
+    args = train.Args(game="kitchen", shaping=1.0, iterations=5)
+    assert [train.shaping_weight(args, it) for it in range(5)] == [1.0, 0.75, 0.5, 0.25, 0.0]
+    assert train.shaping_weight(train.Args(), 3) == 0.0  # the default: none
+    assert train.parse_args(["--game", "kitchen", "--shaping", "1"])[0].shaping == 1.0
+    with pytest.raises(train.ArgError, match=re.escape("--shaping 1: coop_push has no shaped rewards; expected 0, "
+                                                       "or a game with them: kitchen")):
+        train.parse_args(["--shaping", "1"])
 
 
 def test_per_agent_advantages_use_each_agents_own_statistics():

@@ -62,6 +62,7 @@ class Args:
     temperature: float = 1.0  # sampling temperature of the rollouts, > 0 (1: on-policy; otherwise off-policy)
     temperature_decay: float = 1.0  # the last iteration samples at this fraction of --temperature (linear; 1: none)
     greedy_rollouts: int = 1  # rollouts of each group played greedily (T = 0; off-policy), chosen over 5 seeds
+    shaping: float = 0.0  # kitchen: weight of Overcooked-AI's shaped rewards, linearly to 0 at the last iteration
     lr: float = 1e-3  # AdamW learning rate of each adapter; usually 3e-4 to 1e-3 (top-layer adapters)
     lora_rank: int = 16  # LoRA rank r
     lora_alpha: float = 32.0  # LoRA alpha (scale alpha / r)
@@ -117,6 +118,7 @@ RANGES: dict[str, tuple] = {
     "start_states": (1, 100_000, False, False), "group_size": (2, 4096, False, False),
     "temperature": (0, 100, False, False), "temperature_decay": (0, 1, True, False),
     "greedy_rollouts": (0, 4095, False, False), "lr": (0, 1, False, False), "lora_rank": (1, 1024, False, False),
+    "shaping": (0, 100, False, False),
     "lora_alpha": (0, 1e6, True, False), "lora_layers": (0, 10_000, False, False), "clip_eps": (0, 1, False, True),
     "kl_coef": (0, 1e6, False, False), "entropy_coef": (0, 1e6, False, False), "epochs": (1, 1000, False, False),
     "minibatch": (1, 1_000_000, False, False), "max_grad_norm": (0, 1e9, True, False), "gamma": (0, 1, True, False),
@@ -185,6 +187,10 @@ def validate(args: Args) -> None:
     if args.temperature == 0 and args.iterations > 0:
         raise ArgError("--temperature 0: greedy rollouts of one start state are identical, so every group's advantages "
                        "are 0 and nothing is learned; expected a sampling temperature > 0 (1: on-policy)")
+    if args.shaping > 0 and not envs.GAMES[args.game].shaped:
+        shaped = ", ".join(name for name, game in envs.GAMES.items() if game.shaped)
+        raise ArgError(f"--shaping {args.shaping:g}: {args.game} has no shaped rewards; expected 0, or a game with "
+                       f"them: {shaped}")
     if args.greedy_rollouts >= args.group_size:
         raise ArgError(f"--greedy-rollouts {args.greedy_rollouts}: every rollout of a group would be greedy and "
                        f"identical; expected fewer than --group-size {args.group_size}")
@@ -391,6 +397,13 @@ def sampling_temperature(args: Args, it: int) -> float:
     return args.temperature * (1 - (1 - args.temperature_decay) * progress)
 
 
+def shaping_weight(args: Args, it: int) -> float:
+    """The weight of the shaped rewards at iteration `it`: --shaping at the first iteration, falling linearly to 0
+    at the last (as Carroll et al. 2019 anneal Overcooked-AI's shaping away), so late updates learn from the
+    team reward alone."""
+    return args.shaping * (1 - it / max(1, args.iterations - 1))
+
+
 def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed)
@@ -592,7 +605,8 @@ def main(argv: list[str] | None = None) -> str:
         try:
             record = pamagrpo.iteration(policy, optimizers, game_factory, library, menu_filter, seeds,
                                         args.group_size, sampling_temperature(args, it), args.credit,
-                                        args.advantage, cfg, args.seed, it, args.gamma, args.greedy_rollouts)
+                                        args.advantage, cfg, args.seed, it, args.gamma, args.greedy_rollouts,
+                                        shaping_weight(args, it))
         except policy_lib.NonFiniteError as e:  # nothing of this iteration is saved: the checkpoint stays good
             kept = f"the checkpoint after iteration {it} is kept" if it else "no checkpoint was written"
             raise policy_lib.NonFiniteError(f"iteration {it + 1}: {e}; training stopped and {kept} in {run_dir}; "
