@@ -390,18 +390,22 @@ def finished_iterations(run_dir: str) -> int:
         return 0
 
 
+def schedule_progress(args: Args, it: int) -> float:
+    """How far training is at iteration `it`: 0 at the first iteration, 1 at the last (the linear schedules)."""
+    return it / max(1, args.iterations - 1)
+
+
 def sampling_temperature(args: Args, it: int) -> float:
     """The rollouts' temperature at iteration `it`: --temperature, falling linearly to --temperature x
     --temperature-decay at the last iteration."""
-    progress = it / max(1, args.iterations - 1)  # 0 at the first iteration, 1 at the last
-    return args.temperature * (1 - (1 - args.temperature_decay) * progress)
+    return args.temperature * (1 - (1 - args.temperature_decay) * schedule_progress(args, it))
 
 
 def shaping_weight(args: Args, it: int) -> float:
     """The weight of the shaped rewards at iteration `it`: --shaping at the first iteration, falling linearly to 0
     at the last (as Carroll et al. 2019 anneal Overcooked-AI's shaping away), so late updates learn from the
     team reward alone."""
-    return args.shaping * (1 - it / max(1, args.iterations - 1))
+    return args.shaping * (1 - schedule_progress(args, it))
 
 
 def seed_everything(seed: int) -> None:
