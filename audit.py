@@ -55,6 +55,7 @@ import numpy as np
 import envs
 from envs import Game
 from options import Library, Option, make_library, random_choice, run_episode, run_menu_filter, scripted_choice
+import plumbing
 
 PROGRESS_KINDS = ("box_toward_goal", "box_delivered", "food_loaded", "onion_in_pot", "soup_plated",
                   "soup_served", "counter_place", "counter_take")  # counter moves: see progress_events
@@ -375,23 +376,10 @@ def replay_gif(steps: list[tuple[str, list[str], dict]], path: str, title: str,
     buffer = io.BytesIO()
     images[0].save(buffer, format="GIF", save_all=True, append_images=images[1:], duration=ms_per_frame,
                    loop=0)
-    envs.write_file(path, buffer.getvalue())
+    plumbing.write_file(path, buffer.getvalue())
 
 
 # ----------------------------------------------------------------------------- reports
-
-
-def bootstrap_ci(values: list[float], resamples: int = 10_000, seed: int = 0) -> list[float]:
-    """95% percentile bootstrap confidence interval of the mean (seeded: the same values give the same CI)."""
-    draws = np.random.default_rng(seed).choice(np.asarray(values, float), (resamples, len(values)))
-    return [float(x) for x in np.percentile(draws.mean(axis=1), [2.5, 97.5])]
-
-
-def band(values_by_seed: list[list[float]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Per point over seeds (rows: seeds, columns: points): the mean and its 95% bootstrap CI."""
-    values = np.asarray(values_by_seed, float)  # (S, P)
-    cis = np.array([bootstrap_ci(list(values[:, p])) for p in range(values.shape[1])])  # (P, 2)
-    return values.mean(axis=0), cis[:, 0], cis[:, 1]
 
 
 def reference_audits(episodes: int) -> list[dict]:
@@ -459,19 +447,7 @@ def plot_over_training(records: list[dict], path: str, prefix: str = "") -> None
     bottom.set_xlabel("training iteration")
     bottom.legend(loc="best", fontsize="small")
     fig.tight_layout()
-    save_figure(fig, path, dpi=100)
-
-
-def save_figure(fig, path: str, **kwargs) -> None:
-    """A matplotlib figure written whole or not at all (envs.write_file), then closed."""
-    import io
-
-    import matplotlib.pyplot as plt
-
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format=path.rsplit(".", 1)[-1], **kwargs)
-    plt.close(fig)
-    envs.write_file(path, buffer.getvalue())
+    plumbing.save_figure(fig, path, dpi=100)
 
 
 def load_run(run_dir: str, model: str | None = None, device: str | None = None):
@@ -484,14 +460,14 @@ def load_run(run_dir: str, model: str | None = None, device: str | None = None):
 
     path = os.path.join(run_dir, "config.json")
     try:
-        config = json.loads(envs.read_text(path, "a run folder of train.py"))
-    except (envs.InputError, json.JSONDecodeError) as e:
-        raise envs.InputError(f"{run_dir}: no readable config.json ({envs.one_line(e)}); expected a run folder of "
+        config = json.loads(plumbing.read_text(path, "a run folder of train.py"))
+    except (plumbing.InputError, json.JSONDecodeError) as e:
+        raise plumbing.InputError(f"{run_dir}: no readable config.json ({plumbing.one_line(e)}); expected a run folder of "
                               "train.py") from None
     needed = ("game", "layout", "action_mode", "device", "dtype", "model", "lora_rank", "lora_alpha", "lora_targets",
               "scoring", "seed")
     if not isinstance(config, dict) or any(k not in config for k in needed):
-        raise envs.InputError(f"{path} is not a config of train.py (it needs {', '.join(needed)})")
+        raise plumbing.InputError(f"{path} is not a config of train.py (it needs {', '.join(needed)})")
     probe = envs.make_game(config["game"], config["layout"], 0)
     library = make_library(probe, config["action_mode"], config.get("feedback", "none") == "failures")
     guards = guard_lib.load_guards(os.path.join(run_dir, "guards.json"), probe, library) \
@@ -499,7 +475,7 @@ def load_run(run_dir: str, model: str | None = None, device: str | None = None):
     menu_filter = run_menu_filter(library, guards.menu_filter if guards else None, config.get("arrived", "keep"))
     device = device or config["device"]  # a run trained on a GPU can be audited on the CPU (--device cpu)
     dtype = config["dtype"] if device.startswith("cuda") == config["device"].startswith("cuda") else "auto"
-    backbone, tokenizer = policy_lib.load_backbone(model or config["model"], device, dtype)
+    backbone, tokenizer = plumbing.load_backbone(model or config["model"], device, dtype)
     names = [f"agent{i}" for i in range(probe.n_agents)]
     policy = policy_lib.MenuPolicy(backbone, tokenizer, names, lora_rank=config["lora_rank"],
                                    lora_alpha=config["lora_alpha"],
@@ -524,10 +500,10 @@ def margins_report(run_dir: str, episodes: int, device: str | None = None) -> li
     names = [f"agent{i}" for i in range(game_factory().n_agents)]
     rows = greedy_margins(policy, game_factory, library, names, seeds, menu_filter)
     summary = margins_summary(rows)
-    envs.write_file(os.path.join(run_dir, "margins.jsonl"), "".join(json.dumps(r) + "\n" for r in rows))
+    plumbing.write_file(os.path.join(run_dir, "margins.jsonl"), "".join(json.dumps(r) + "\n" for r in rows))
     text = (f"# Greedy decisions of {run_dir} ({config['game']}/{config['layout']}, final adapters, "
             f"{len(seeds)} test start states)\n\n{table(summary, list(summary[0]))}\n")
-    envs.write_file(os.path.join(run_dir, "margins.md"), text)
+    plumbing.write_file(os.path.join(run_dir, "margins.md"), text)
     print(text)
     return rows
 
@@ -540,7 +516,7 @@ def write_replay(run_dir: str, policy, game_factory, library: Library, names: li
 
     text = replay(game_factory(), library, [policy_lib.llm_choose(policy, n) for n in names], seed, menu_filter,
                   gif=os.path.join(run_dir, f"{stem}.gif"))
-    envs.write_file(os.path.join(run_dir, f"{stem}.txt"), text + "\n")
+    plumbing.write_file(os.path.join(run_dir, f"{stem}.txt"), text + "\n")
     return text
 
 
@@ -552,7 +528,7 @@ def replay_run(run_dir: str, device: str | None = None, episode: int = 1) -> str
     game = game_factory()
     seeds = envs.split_seeds(game, "test", episode)
     if len(seeds) < episode:
-        raise envs.InputError(f"--episode {episode}: {config['game']}/{config['layout']} has only {len(seeds)} "
+        raise plumbing.InputError(f"--episode {episode}: {config['game']}/{config['layout']} has only {len(seeds)} "
                               f"distinct test start states; expected 1..{len(seeds)}")
     policy.load_adapters(os.path.join(run_dir, "adapters"))
     names = [f"agent{i}" for i in range(game.n_agents)]
@@ -592,7 +568,7 @@ def audit_run(run_dir: str, episodes: int, temperature: float = 0.0, device: str
                                       temperature=temperature)})
         print(table(rows[-1:]), flush=True)
     stem = os.path.join(run_dir, "audit" if temperature <= 0 else f"audit_T{temperature:g}")
-    envs.write_file(stem + ".jsonl", "".join(json.dumps(r) + "\n" for r in rows))
+    plumbing.write_file(stem + ".jsonl", "".join(json.dumps(r) + "\n" for r in rows))
     columns = ["iteration", "team"] + default_columns(len(names))
     played = "greedy" if temperature <= 0 else f"sampled at temperature {temperature:g}"
     text = [f"# Audit of {run_dir} ({config['game']}/{config['layout']}, {len(seeds)} distinct test start states, "
@@ -603,7 +579,7 @@ def audit_run(run_dir: str, episodes: int, temperature: float = 0.0, device: str
         text += ["## Replay (last snapshot, greedy)", "", "```",
                  replay(game_factory(), library, chooses, list(seeds)[0], menu_filter, gif=stem + "_replay.gif"),
                  "```", f"Animated: `{os.path.basename(stem)}_replay.gif`.", ""]
-    envs.write_file(stem + ".md", "\n".join(text))
+    plumbing.write_file(stem + ".md", "\n".join(text))
     plot_over_training(rows, stem + ".png")
     return rows
 
@@ -618,12 +594,12 @@ def read_sweep_audits(sweep: str) -> list[list[dict]]:
         path = os.path.join(sweep, run, "audit.jsonl")
         if os.path.exists(path):
             try:
-                audits.append([json.loads(line) for line in envs.read_text(path, "audit.py's audit.jsonl")
+                audits.append([json.loads(line) for line in plumbing.read_text(path, "audit.py's audit.jsonl")
                                .splitlines() if line.strip()])
             except json.JSONDecodeError as e:
-                raise envs.InputError(f"{path} is not JSON lines ({e.msg}); expected audit.py's audit.jsonl") from None
+                raise plumbing.InputError(f"{path} is not JSON lines ({e.msg}); expected audit.py's audit.jsonl") from None
     if not audits:
-        raise envs.InputError(f"{sweep}: no seedK/audit.jsonl; expected a sweep folder of train.py whose runs were "
+        raise plumbing.InputError(f"{sweep}: no seedK/audit.jsonl; expected a sweep folder of train.py whose runs were "
                               "audited over training (python audit.py SWEEP/seedK)")
     return audits
 
@@ -654,7 +630,7 @@ def plot_decoupling(sweeps: dict[str, str], path: str) -> None:
         for row, (ylabel, series) in enumerate(panels):
             ax = axes[row][col]
             for k, (name, values) in enumerate(series.items()):
-                mean, low, high = band(values)
+                mean, low, high = plumbing.band(values)
                 ax.plot(common, mean, marker="o", color=f"C{k}", label=name)
                 ax.fill_between(common, low, high, color=f"C{k}", alpha=0.2)
             ax.set_ylim(-0.05, 1.05)
@@ -664,7 +640,7 @@ def plot_decoupling(sweeps: dict[str, str], path: str) -> None:
         axes[-1][col].set_xlabel("training iteration (0: frozen base)")
     fig.suptitle("Reward is not cooperation: mean over seeds, 95% bootstrap bands", fontsize=10)
     fig.tight_layout()
-    save_figure(fig, path, dpi=100)
+    plumbing.save_figure(fig, path, dpi=100)
 
 
 def greedy_margins(policy, game_factory, library: Library, agents: list, seeds: Sequence[int],
@@ -735,10 +711,10 @@ def final_audit_rows(run_dirs: Sequence[str]) -> list[dict]:
             with open(os.path.join(run_dir, "audit_final.json")) as f:
                 row = json.load(f)
         except (OSError, json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise envs.InputError(f"{run_dir}: no readable config.json and audit_final.json ({envs.one_line(e)}); "
+            raise plumbing.InputError(f"{run_dir}: no readable config.json and audit_final.json ({plumbing.one_line(e)}); "
                                   "expected a run folder of train.py with --audit-episodes > 0") from None
         if not isinstance(config, dict) or config.get("game") not in envs.GAMES or not isinstance(row, dict):
-            raise envs.InputError(f"{run_dir}: config.json or audit_final.json is not what train.py writes")
+            raise plumbing.InputError(f"{run_dir}: config.json or audit_final.json is not what train.py writes")
         cls = envs.GAMES[config["game"]]
         rows.append({"game": config["game"], "layout": config["layout"], "model": config["model"],
                      "advantage": config["advantage"], "solo_layout": config["layout"] in cls.solo_layouts, **row})
@@ -746,16 +722,16 @@ def final_audit_rows(run_dirs: Sequence[str]) -> list[dict]:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    parser = envs.ArgumentParser(description="Behavioral audits: who does the work, and what each agent "
+    parser = plumbing.ArgumentParser(description="Behavioral audits: who does the work, and what each agent "
                                              "is worth counterfactually.")
     parser.add_argument("--reference", action="store_true",
                         help="audit the scripted coop and solo teams on every built-in layout")
     parser.add_argument("--final", nargs="+", metavar="RUN_DIR",
                         help="one table row per run folder from the audit train.py wrote at its final evaluation")
     parser.add_argument("run_dir", nargs="?", help="a train.py run folder: audit its snapshots over training")
-    parser.add_argument("--seeds", type=envs.number(1, 100_000, integer=True), default=10,
+    parser.add_argument("--seeds", type=plumbing.number(1, 100_000, integer=True), default=10,
                         help="episodes: the first N distinct test start states of each layout")
-    parser.add_argument("--temperature", type=envs.number(0, 100), default=0.0,
+    parser.add_argument("--temperature", type=plumbing.number(0, 100), default=0.0,
                         help="a run's teams: 0 plays them greedily (audit.*), T > 0 samples at T (audit_T{T}.*)")
     parser.add_argument("--device", default=None, help="a run's audit: cpu, cuda or cuda:N (default: the run's)")
     parser.add_argument("--decoupling", nargs="+", metavar="LABEL=SWEEP",
@@ -766,20 +742,20 @@ def main(argv: Sequence[str] | None = None) -> None:
                         "states: entropy, argmax margin and failed-choice streaks per decision (margins.jsonl/md)")
     parser.add_argument("--replay", metavar="RUN_DIR", help="the final adapters' greedy episode on the run's first "
                         "test start state: RUN_DIR/replay.txt and replay.gif (as train.py's final audit writes them)")
-    parser.add_argument("--episode", type=envs.number(1, 100_000, integer=True), default=None,
+    parser.add_argument("--episode", type=plumbing.number(1, 100_000, integer=True), default=None,
                         help="--replay: the K-th test start state instead of the first (replay_testK.txt/gif)")
     cli = parser.parse_args(argv)
     if cli.episode is not None and not cli.replay:
-        raise envs.InputError(f"--episode {cli.episode} applies to --replay RUN_DIR only")
+        raise plumbing.InputError(f"--episode {cli.episode} applies to --replay RUN_DIR only")
     if sum(map(bool, (cli.run_dir, cli.final, cli.reference, cli.decoupling, cli.margins, cli.replay))) > 1:
-        raise envs.InputError("RUN_DIR, --final, --reference, --decoupling, --margins and --replay are different "
+        raise plumbing.InputError("RUN_DIR, --final, --reference, --decoupling, --margins and --replay are different "
                               "audits; expected one of them")
     for flag, finished in (("--margins", cli.margins), ("--replay", cli.replay)):
         if finished and not os.path.isdir(os.path.join(finished, "adapters")):
-            raise envs.InputError(f"{flag} {finished}: no adapters/ folder; expected a finished run folder of "
+            raise plumbing.InputError(f"{flag} {finished}: no adapters/ folder; expected a finished run folder of "
                                   "train.py")
     if cli.device is not None:
-        envs.check_device(cli.device)
+        plumbing.check_device(cli.device)
     if cli.margins:
         margins_report(cli.margins, cli.seeds, cli.device)
         return
@@ -789,17 +765,17 @@ def main(argv: Sequence[str] | None = None) -> None:
     if cli.decoupling:
         pairs = [item.partition("=") for item in cli.decoupling]
         if any(not label or not sep or not sweep for label, sep, sweep in pairs):
-            raise envs.InputError(f"--decoupling {' '.join(cli.decoupling)}: expected LABEL=SWEEP_FOLDER items")
-        envs.check_output_file(cli.figure, "--figure")
+            raise plumbing.InputError(f"--decoupling {' '.join(cli.decoupling)}: expected LABEL=SWEEP_FOLDER items")
+        plumbing.check_output_file(cli.figure, "--figure")
         plot_decoupling({label: sweep for label, _, sweep in pairs}, cli.figure)
         print(f"wrote {cli.figure}")
         return
     if cli.temperature > 0 and not cli.run_dir:
-        raise envs.InputError("--temperature applies to a RUN_DIR audit only (--final reads saved greedy audits, "
+        raise plumbing.InputError("--temperature applies to a RUN_DIR audit only (--final reads saved greedy audits, "
                               "--reference plays scripted teams)")
     if cli.run_dir:
         if not os.path.isdir(cli.run_dir):
-            raise envs.InputError(f"{cli.run_dir}: not a folder; expected a run folder of train.py")
+            raise plumbing.InputError(f"{cli.run_dir}: not a folder; expected a run folder of train.py")
         audit_run(cli.run_dir, cli.seeds, cli.temperature, cli.device)
     elif cli.final:
         rows = final_audit_rows(cli.final)
@@ -812,4 +788,4 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    envs.run_cli(main)
+    plumbing.run_cli(main)

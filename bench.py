@@ -20,6 +20,7 @@ import numpy as np
 
 import envs
 import options
+import plumbing
 
 DEVICE = "cpu"  # where the LLM sections run (--device); every row names it (device_name)
 
@@ -88,7 +89,7 @@ def real_decisions(policy, game_name: str, n: int, seed: int = 0, feedback: bool
 
     game = envs.make_game(game_name, None, seed)
     library = options.make_library(game, feedback=feedback)
-    guard = guard_lib.cached_guards(game, library, guard_lib.BurnInSettings(), str(policy_lib.cache_root() / "guards"))
+    guard = guard_lib.cached_guards(game, library, guard_lib.BurnInSettings(), str(plumbing.cache_root() / "guards"))
     rng = np.random.default_rng(seed)
     out = []
     episode = 0
@@ -110,7 +111,7 @@ def real_decisions(policy, game_name: str, n: int, seed: int = 0, feedback: bool
 def llm_policy(model: str, dtype: str, scoring: str = "text"):
     import policy as policy_lib
 
-    network, tokenizer = policy_lib.load_backbone(model, DEVICE, dtype)
+    network, tokenizer = plumbing.load_backbone(model, DEVICE, dtype)
     return policy_lib.MenuPolicy(network, tokenizer, ["agent0", "agent1"], scoring=scoring)
 
 
@@ -148,12 +149,12 @@ def coop_push_iteration(model: str, dtype: str, lora_layers: int, start_states: 
     import policy as policy_lib
     import train
 
-    network, tokenizer = policy_lib.load_backbone(model, DEVICE, dtype)
+    network, tokenizer = plumbing.load_backbone(model, DEVICE, dtype)
     layers = min(lora_layers, network.config.num_hidden_layers - 1)  # keep a trunk on small models
     policy = policy_lib.MenuPolicy(network, tokenizer, ["agent0", "agent1"], lora_layers=layers)
     game = envs.make_game("coop_push", None, 0)
     library = options.make_library(game)
-    guard = guard_lib.cached_guards(game, library, guard_lib.BurnInSettings(), str(policy_lib.cache_root() / "guards"))
+    guard = guard_lib.cached_guards(game, library, guard_lib.BurnInSettings(), str(plumbing.cache_root() / "guards"))
     optimizers = pamagrpo.make_optimizers(policy, policy.agents, train.Args().lr)
     seeds = train.training_seeds(game, 0, 0, start_states)
     with profiler or contextlib.nullcontext():
@@ -263,21 +264,20 @@ def section_dtype(quick: bool) -> list:
     natively (fast) or emulates it (slow), which is what `--dtype auto` in train.py decides from CPU flags."""
     import torch
 
-    import policy as policy_lib
 
     tokens = torch.randint(0, 1000, (8, 200), generator=torch.Generator().manual_seed(0))
     repeats = 1 if quick else 3
     rows = []
     for model in MODELS:
         for dtype in DTYPES:
-            network, _ = policy_lib.load_backbone(model, "cpu", dtype)
+            network, _ = plumbing.load_backbone(model, "cpu", dtype)
             with torch.no_grad():
                 network(tokens)  # warm-up
                 start = time.perf_counter()
                 for _ in range(repeats):
                     network(tokens)
             rows.append({"model": model, "dtype": dtype, "forward_s": (time.perf_counter() - start) / repeats,
-                         "cpu": torch.backends.cpu.get_cpu_capability(), "auto": policy_lib.auto_dtype("cpu")})
+                         "cpu": torch.backends.cpu.get_cpu_capability(), "auto": plumbing.auto_dtype("cpu")})
     return rows
 
 
@@ -293,12 +293,11 @@ def section_train(quick: bool) -> dict:
     """The training step: adapters on every layer (0) vs the top 4 layers (trunk cached and replayed), for each
     --groups size (start states x rollouts); then a profile of one iteration of train.py's defaults per model
     (in the dtype --dtype auto picks where it is among --dtypes)."""
-    import policy as policy_lib
 
     dtypes = DTYPES[-1:] if quick else DTYPES
     steps = [bench_train(m, dtype, layers, b, g) for m in MODELS for dtype in dtypes for layers in (0, 4)
              for b, g in GROUPS]
-    auto = policy_lib.auto_dtype(DEVICE)
+    auto = plumbing.auto_dtype(DEVICE)
     profiled = [r for m in MODELS for r in bench_profile(m, auto if auto in DTYPES else DTYPES[-1])]
     return {"steps": steps, "profile": profiled}
 
@@ -326,34 +325,34 @@ SECTIONS = {"env": (section_env, print_env), "prompts": (section_prompts, print_
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = envs.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = plumbing.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--only", choices=sorted(SECTIONS), help="run one section")
     parser.add_argument("--quick", action="store_true", help="fewer repetitions")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
     parser.add_argument("--models", default=",".join(MODELS), help="comma-separated models of the LLM sections")
     parser.add_argument("--dtypes", default=",".join(DTYPES), help="comma-separated dtypes of the LLM sections")
-    parser.add_argument("--threads", type=envs.number(1, 1024, integer=True), default=2, help="torch threads")
+    parser.add_argument("--threads", type=plumbing.number(1, 1024, integer=True), default=2, help="torch threads")
     parser.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N: where the LLM sections run")
     parser.add_argument("--groups", default="1x4", help="train section: comma-separated START_STATESxGROUP_SIZE")
     args = parser.parse_args(argv)
     for dtype in args.dtypes.split(","):
         if dtype not in DTYPES:
-            raise envs.InputError(f"--dtypes {args.dtypes!r}: unknown dtype {dtype!r}; expected a comma-separated "
+            raise plumbing.InputError(f"--dtypes {args.dtypes!r}: unknown dtype {dtype!r}; expected a comma-separated "
                                   f"list of {', '.join(DTYPES)}")
     if not all(args.models.split(",")):
-        raise envs.InputError(f"--models {args.models!r}: expected comma-separated model names, e.g. tiny,smollm2-135m")
+        raise plumbing.InputError(f"--models {args.models!r}: expected comma-separated model names, e.g. tiny,smollm2-135m")
     try:
         groups = [tuple(int(x) for x in g.split("x")) for g in args.groups.split(",")]
     except ValueError:
         groups = []
     if not groups or any(len(g) != 2 or not 1 <= min(g) <= max(g) <= 4096 for g in groups):
-        raise envs.InputError(f"--groups {args.groups!r}: expected comma-separated BxG with integers in [1, 4096], "
+        raise plumbing.InputError(f"--groups {args.groups!r}: expected comma-separated BxG with integers in [1, 4096], "
                               "e.g. 2x4,8x8")
-    envs.check_device(args.device)
+    plumbing.check_device(args.device)
     import torch
 
     if args.device.startswith("cuda") and not torch.cuda.is_available():
-        raise envs.InputError(f"--device {args.device}: no CUDA device is available to torch here; expected cpu")
+        raise plumbing.InputError(f"--device {args.device}: no CUDA device is available to torch here; expected cpu")
     global DEVICE
     DEVICE = args.device
     GROUPS[:] = groups
@@ -373,4 +372,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    envs.run_cli(main)
+    plumbing.run_cli(main)

@@ -31,29 +31,20 @@ column and what was expected.
 
 from __future__ import annotations
 
-import argparse
-import contextlib
 import functools
 import hashlib
-import json
-import math
 import os
-import re
-import sys
 
 import numpy as np
+
+import plumbing
 
 ACTIONS = ("stay", "north", "south", "west", "east", "interact")
 DIRECTIONS = ("north", "south", "west", "east")  # action index = DIRECTIONS.index(d) + 1
 TRUE_WORDS, FALSE_WORDS = ("yes", "true", "1"), ("no", "false", "0")
 
 
-class InputError(ValueError):
-    """A bad command-line value, input file or output path; the message names it, says what is wrong and what
-    is accepted (see PLUMBING at the end of this file)."""
-
-
-class LayoutError(InputError):
+class LayoutError(plumbing.InputError):
     """A layout that cannot be parsed; the message names the line, column and what is expected."""
 
 
@@ -184,8 +175,8 @@ class Game:
                 raise LayoutError(f"unknown layout '{layout}' for game '{self.name}'; expected one of "
                                   f"{', '.join(self.layouts)} or a layout file path")
             try:
-                self.layout_name, text = layout, read_text(layout, f"a {self.name} layout file (see envs.py)")
-            except InputError as error:
+                self.layout_name, text = layout, plumbing.read_text(layout, f"a {self.name} layout file (see envs.py)")
+            except plumbing.InputError as error:
                 raise LayoutError(f"layout {error}") from None
         self.rows, self.options = parse_layout(text, self.legend, self.keys, self.layout_name)
         self.height, self.width = len(self.rows), len(self.rows[0])
@@ -1073,152 +1064,10 @@ GAMES: dict[str, type[Game]] = {"coop_push": CoopPush, "forage": Forage, "kitche
 # written whole (a temporary file, then a rename) or not at all, so a failure never damages what was there.
 
 
-class ArgumentParser(argparse.ArgumentParser):
-    """argparse with prefixes of flags refused (`--gamm 0.9` is an error, never --gamma) and errors raised as
-    InputError (run_cli prints them as one line, exit code 2) instead of a usage block."""
-
-    def __init__(self, **kwargs):
-        super().__init__(allow_abbrev=False, **kwargs)
-        # a value like -1e-3 or -inf is a (bad) number for the flag before it, not an unknown flag
-        self._negative_number_matcher = re.compile(r"^-(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?$|^-(inf|infinity|nan)$",
-                                                   re.IGNORECASE)
-
-    def error(self, message: str):
-        raise InputError(message.removeprefix("argument ") + " (see --help)")
-
-
-def number(low: float = -math.inf, high: float = math.inf, integer: bool = False, low_open: bool = False,
-           high_open: bool = False):
-    """An argparse `type`: a finite number (an integer if `integer`) in [low, high] (open ends if asked);
-    anything else is refused with the accepted range."""
-    def show(x: float) -> str:
-        return f"{int(x):,}" if x == int(x) else f"{x:g}"
-
-    lo, hi = ("(" if low_open else "[") + show(low) if math.isfinite(low) else "", (
-        show(high) + (")" if high_open else "]") if math.isfinite(high) else "")
-    accepted = ("an integer" if integer else "a finite number") + (
-        f" in {lo}, {hi}" if math.isfinite(high) else f" {'>' if low_open else '>='} {show(low)}" if math.isfinite(low)
-        else "")
-
-    def parse(text: str):
-        try:
-            value = int(text) if integer else float(text)
-        except ValueError:
-            value = math.nan
-        ok = math.isfinite(value) and (value > low if low_open else value >= low) and (
-            value < high if high_open else value <= high)
-        if not ok:
-            raise argparse.ArgumentTypeError(f"{text!r}: expected {accepted}")
-        return value
-
-    parse.accepted = accepted
-    return parse
-
-
-def check_device(device: str, flag: str = "--device") -> None:
-    """cpu, cuda or cuda:N, or InputError."""
-    if not re.fullmatch(r"cpu|cuda(:\d+)?", device):
-        raise InputError(f"{flag} {device!r}: expected cpu, cuda or cuda:N")
-
-
-def content_hash(data) -> str:
-    """sha256 of `data`'s canonical JSON: what a cache entry is checked against before it is used."""
-    return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
-
-
-def one_line(error: BaseException, limit: int = 600) -> str:
-    """An exception as one line of at most `limit` characters: an OSError names its file and reason; others keep
-    their first line (a pathologically long value is cut in the middle)."""
-    if isinstance(error, OSError) and error.strerror:
-        where = f"{error.filename}: " if error.filename is not None else ""
-        line = f"{where}{error.strerror}"
-    else:
-        text = str(error).strip().splitlines()
-        line = text[0] if text else type(error).__name__
-    return line if len(line) <= limit else f"{line[:limit // 2]} ... {line[-limit // 2:]}"
-
-
-def run_cli(main, argv: list[str] | None = None) -> None:
-    """Run a CLI's `main(argv)`: bad input (InputError, which every error class of the project extends: LayoutError,
-    guards.GuardError, policy.ModelError, pamagrpo.NonFiniteError; OSError; UnicodeError) becomes `error: ...` on
-    one line and exit code 2; anything else too, flagged as unexpected (PAMAGRPO_TRACEBACK=1 shows the traceback);
-    Ctrl-C exits with 130."""
-    try:
-        main(argv)
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        sys.exit(130)
-    except Exception as error:
-        if os.environ.get("PAMAGRPO_TRACEBACK"):
-            raise
-        known = isinstance(error, (InputError, OSError, UnicodeError))
-        prefix = "" if known else f"unexpected {type(error).__name__} (a bug? PAMAGRPO_TRACEBACK=1 shows where): "
-        print(f"error: {prefix}{one_line(error)}", file=sys.stderr)
-        sys.exit(2)
-
-
-def write_file(path: str, data: str | bytes) -> None:
-    """Write a whole file or nothing: a temporary file beside `path` (named per process, so concurrent writers
-    never mix bytes), then a rename. On a failure (disk full, no permission) the temporary file is removed, the
-    previous file is unchanged, and InputError names the path."""
-    tmp = f"{path}.{os.getpid()}.tmp"
-    try:
-        with open(tmp, "wb") as f:
-            f.write(data if isinstance(data, bytes) else data.encode())
-        os.replace(tmp, path)
-    except OSError as error:
-        with contextlib.suppress(OSError):
-            os.remove(tmp)
-        raise InputError(f"cannot write {path} ({error.strerror or error}); the previous file, if any, is "
-                         "unchanged; expected a writable folder with free space") from None
-
-
-def check_output_file(path: str, flag: str) -> None:
-    """Refuse, before any work, an output file path that can never be written: a folder, or a file in a folder
-    that does not exist."""
-    folder = os.path.dirname(path) or "."
-    if os.path.isdir(path):
-        raise InputError(f"{flag} {path}: is a folder; expected a file path")
-    if not os.path.isdir(folder):
-        raise InputError(f"{flag} {path}: the folder {folder} does not exist; expected a file in an existing folder")
-
-
-def check_output_folder(path: str, flag: str) -> None:
-    """Refuse, before any work, an output folder that can never be written: an existing file, or a path that
-    cannot be created (created here, empty, when missing)."""
-    if os.path.exists(path) and not os.path.isdir(path):
-        raise InputError(f"{flag} {path}: is a file; expected a folder (new or existing)")
-    try:
-        os.makedirs(path, exist_ok=True)
-        probe = os.path.join(path, f".write-test.{os.getpid()}")
-        with open(probe, "w"):
-            pass
-        os.remove(probe)
-    except OSError as error:
-        raise InputError(f"{flag} {path}: cannot write there ({error.strerror}); expected a writable folder") from None
-
-
-def read_text(path: str, what: str, limit: int = 1_000_000) -> str:
-    """A UTF-8 text file of at most `limit` bytes, or InputError naming the file, what is wrong and what is
-    expected (`what`: e.g. 'a layout file')."""
-    try:
-        with open(path, "rb") as f:
-            data = f.read(limit + 1)
-    except OSError as error:
-        raise InputError(f"cannot read {path} ({error.strerror or error}); expected {what}") from None
-    if len(data) > limit:
-        raise InputError(f"{path} is larger than {limit:,} bytes; expected {what}")
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as error:
-        raise InputError(f"{path} is not UTF-8 text (byte {data[error.start]:#04x} at offset {error.start}); "
-                         f"expected {what}") from None
-
-
 def make_game(name: str, layout: str | None = None, seed: int = 0) -> Game:
     """Build a game by name; an unknown name raises ValueError listing the accepted ones."""
     if name not in GAMES:
-        raise InputError(f"unknown game '{name}'; expected one of {', '.join(GAMES)}")
+        raise plumbing.InputError(f"unknown game '{name}'; expected one of {', '.join(GAMES)}")
     game = GAMES[name](layout, seed)
     check_layout(game)
     return game
@@ -1246,12 +1095,12 @@ def check_layout(game: Game) -> None:
 def main(argv: list[str] | None = None) -> None:
     """Check a layout (parse, two agents, solvable) and show a start state, or count its start states per split.
     The games import nothing above them: a team playing is options.py's CLI (`python options.py --show`)."""
-    parser = ArgumentParser(description="Check a layout and show one of its start states, or count its start "
+    parser = plumbing.ArgumentParser(description="Check a layout and show one of its start states, or count its start "
                                         "states per split (train / validation / test).")
     parser.add_argument("--game", default="coop_push", choices=list(GAMES))
     parser.add_argument("--layout", default=None, help="a built-in layout name or a layout file")
-    parser.add_argument("--seed", type=number(0, integer=True), default=0, help="the start state reset(seed) places")
-    parser.add_argument("--start-states", type=number(0, 10_000_000, integer=True), default=0, metavar="N",
+    parser.add_argument("--seed", type=plumbing.number(0, integer=True), default=0, help="the start state reset(seed) places")
+    parser.add_argument("--start-states", type=plumbing.number(0, 10_000_000, integer=True), default=0, metavar="N",
                         help="count the distinct start states of seeds 0..N-1 per split instead")
     cli = parser.parse_args(argv)
     game = make_game(cli.game, cli.layout, cli.seed)
@@ -1271,4 +1120,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    run_cli(main)
+    plumbing.run_cli(main)

@@ -42,11 +42,12 @@ import numpy as np
 import envs
 from envs import Game
 from options import Library, Option, random_choice, run_episode
+import plumbing
 
 FORMAT = "pamagrpo-guards/1"
 
 
-class GuardError(envs.InputError):
+class GuardError(plumbing.InputError):
     """A guards file that is corrupt or belongs to another game or layout."""
 
 
@@ -158,16 +159,16 @@ class Guards:
         return kept or [o for o in menu if o.kind == "wait"] or [self.library.wait()]
 
     def save(self, path: str) -> None:
-        """Write atomically (envs.write_file: a per-process temporary file renamed into place), with the content
+        """Write atomically (plumbing.write_file: a per-process temporary file renamed into place), with the content
         hash that load_guards verifies."""
-        envs.write_file(path, json.dumps({**self.data, "content_hash": content_hash(self.data)}, indent=1,
+        plumbing.write_file(path, json.dumps({**self.data, "content_hash": content_hash(self.data)}, indent=1,
                                          sort_keys=True))
 
 
 def content_hash(data: dict) -> str:
     """sha256 of a guards record's canonical JSON (its own hash field aside): what load_guards checks, so an
     edited file is never applied as if it were what the burn-in synthesized."""
-    return envs.content_hash({k: v for k, v in data.items() if k != "content_hash"})
+    return plumbing.content_hash({k: v for k, v in data.items() if k != "content_hash"})
 
 
 def build_guards(game: Game, library: Library, settings: BurnInSettings) -> Guards:
@@ -187,8 +188,8 @@ def build_guards(game: Game, library: Library, settings: BurnInSettings) -> Guar
 def load_guards(path: str, game: Game, library: Library, settings: BurnInSettings | None = None) -> Guards:
     """Read and validate a guards file; corrupt or mismatched files raise GuardError (one line)."""
     try:
-        data = json.loads(envs.read_text(path, f"a {FORMAT} guards file (guards.py)"))
-    except envs.InputError as e:
+        data = json.loads(plumbing.read_text(path, f"a {FORMAT} guards file (guards.py)"))
+    except plumbing.InputError as e:
         raise GuardError(str(e)) from None
     except json.JSONDecodeError as e:
         raise GuardError(f"guards file {path} is corrupt (not JSON: {e.msg} at line {e.lineno})") from None
@@ -233,7 +234,7 @@ def cached_guards(game: Game, library: Library, settings: BurnInSettings, cache_
             print(f"note: {e}; rebuilding it", file=sys.stderr)
     guards = build_guards(game, library, settings)
     guards.data["cache_key"] = key  # game, layout, settings and source: checked on every reuse
-    envs.check_output_folder(cache_dir, "--cache")
+    plumbing.check_output_folder(cache_dir, "--cache")
     guards.save(path)
     return guards
 
@@ -275,16 +276,16 @@ def main(argv: list[str] | None = None) -> None:
 
     import options
 
-    parser = envs.ArgumentParser(description="Synthesize and report guards for one game and layout.")
+    parser = plumbing.ArgumentParser(description="Synthesize and report guards for one game and layout.")
     parser.add_argument("--game", default="coop_push", choices=list(envs.GAMES))
     parser.add_argument("--layout", default=None, help="a built-in layout name or a layout file")
-    parser.add_argument("--episodes", type=envs.number(1, 100_000, integer=True), default=BurnInSettings.episodes,
+    parser.add_argument("--episodes", type=plumbing.number(1, 100_000, integer=True), default=BurnInSettings.episodes,
                         help="random burn-in episodes per round")
-    parser.add_argument("--seed", type=envs.number(0, integer=True), default=0)
+    parser.add_argument("--seed", type=plumbing.number(0, integer=True), default=0)
     parser.add_argument("--out", default=None, help="write guards.json here (a file path in an existing folder)")
     cli = parser.parse_args(argv)
     if cli.out:
-        envs.check_output_file(cli.out, "--out")
+        plumbing.check_output_file(cli.out, "--out")
     game = envs.make_game(cli.game, cli.layout, cli.seed)
     library = options.make_library(game)
     start = time.perf_counter()
@@ -299,4 +300,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    envs.run_cli(main)
+    plumbing.run_cli(main)

@@ -25,6 +25,7 @@ import numpy as np
 import envs
 from envs import ACTIONS, DIRECTIONS, Game
 from planner import adjacent_cells, distances, neighbours, step_toward
+import plumbing
 
 WAIT_STEPS = 3  # a wait option idles this many primitive steps
 
@@ -804,10 +805,10 @@ def play_scripted(game: Game, team: str, seed: int, show: bool = False) -> Episo
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = envs.ArgumentParser(description="Watch a scripted team play one episode of a game.")
+    parser = plumbing.ArgumentParser(description="Watch a scripted team play one episode of a game.")
     parser.add_argument("--game", default="coop_push", choices=list(envs.GAMES))
     parser.add_argument("--layout", default=None, help="a built-in layout name or a layout file")
-    parser.add_argument("--seed", type=envs.number(0, integer=True), default=0)
+    parser.add_argument("--seed", type=plumbing.number(0, integer=True), default=0)
     parser.add_argument("--team", default="coop", choices=["coop", "solo", "random"])
     parser.add_argument("--show", action="store_true", help="print every frame")
     cli = parser.parse_args(argv)
@@ -818,4 +819,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    envs.run_cli(main)
+    plumbing.run_cli(main)

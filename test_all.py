@@ -19,6 +19,7 @@ import pytest
 import envs
 import options
 import planner
+import plumbing
 
 STAY, N, S, W, E, INTERACT = range(6)
 
@@ -978,11 +979,10 @@ from policy import (  # noqa: E402
     LABEL_POOL,
     Decision,
     MenuPolicy,
-    ModelError,
-    load_backbone,
     naive_menu_log_probs,
     option_labels,
 )
+from plumbing import ModelError, load_backbone  # noqa: E402
 
 SYSTEM = "Coop push: push boxes to the goal row. Heavy boxes need two agents pushing together."
 VIEW = "You are agent0 at row 3 col 2.\nBox 2: 3 steps north.\nPartner: 2 steps east, doing goto box 1."
@@ -1286,8 +1286,8 @@ def tiny_args(tmp_path, name: str, *extra: str) -> list[str]:
 
 def test_training_raises_reward_on_a_tiny_model(tmp_path, capsys):
     run_dir = train.main(tiny_args(tmp_path, "run", "--iterations", "8"))
-    metrics = train.read_jsonl(os.path.join(run_dir, "metrics.jsonl"))
-    evals = train.read_jsonl(os.path.join(run_dir, "eval.jsonl"))
+    metrics = plumbing.read_jsonl(os.path.join(run_dir, "metrics.jsonl"))
+    evals = plumbing.read_jsonl(os.path.join(run_dir, "eval.jsonl"))
     base = next(r["eval/score"] for r in evals if r.get("policy") == "base/options")
     final = next(r["eval/score"] for r in evals if r["tag"] == "final")
     assert len(metrics) == 8 and final >= base + 0.5
@@ -1307,7 +1307,7 @@ def test_training_raises_reward_on_a_tiny_model(tmp_path, capsys):
     capsys.readouterr()
     audit.main(["--final", run_dir])  # the cross-run table reads the same audit
     assert f"| coop_push | heavy_only | no | tiny | per_agent | {audit_row['score']:.2f} |" in capsys.readouterr().out
-    with pytest.raises(envs.InputError, match="no readable config.json"):
+    with pytest.raises(plumbing.InputError, match="no readable config.json"):
         audit.main(["--final", str(tmp_path)])  # not a run folder (the CLI prints one line, exit 2)
     audit.main([run_dir, "--seeds", "2", "--temperature", "1"])  # sampled teams over training, beside the greedy
     with open(os.path.join(run_dir, "audit_T1.jsonl")) as f:
@@ -1332,7 +1332,7 @@ def test_training_raises_reward_on_a_tiny_model(tmp_path, capsys):
     assert open(os.path.join(run_dir, "replay.txt")).read().rstrip("\n") == before.rstrip("\n")
     for bad in ([run_dir, "--temperature", "-1"], [run_dir, "--temperature", "nan"],
                 ["--final", run_dir, "--temperature", "1"]):
-        with pytest.raises(envs.InputError):
+        with pytest.raises(plumbing.InputError):
             audit.main(bad)  # a bad flag value, or one that the mode would ignore (the CLI: one line, exit 2)
 
 
@@ -1353,7 +1353,7 @@ def test_primitive_action_mode_trains_audits_and_reports(tmp_path, capsys):
     assert row["agent0.usage.act"] == 1.0 and row["episodes"] == 1
     audit.main([run_dir, "--seeds", "1"])
     assert os.path.exists(os.path.join(run_dir, "audit.md"))
-    evals = train.read_jsonl(os.path.join(run_dir, "eval.jsonl"))
+    evals = plumbing.read_jsonl(os.path.join(run_dir, "eval.jsonl"))
     assert {r["states"] for r in evals if r["tag"] in ("final", "baseline")} == {1, 2}
     out = capsys.readouterr().out
     assert "final test (greedy, 2 distinct test start states)" in out
@@ -1372,7 +1372,7 @@ def test_a_sweep_trains_one_run_per_seed_summarizes_and_resumes(tmp_path, capsys
         run_dir = os.path.join(out, f"seed{run['seed']}")
         config = json.load(open(os.path.join(run_dir, "config.json")))
         assert config["seed"] == run["seed"] and config["threads"] == 1 and config["seeds"] == ""
-        evals = train.read_jsonl(os.path.join(run_dir, "eval.jsonl"))
+        evals = plumbing.read_jsonl(os.path.join(run_dir, "eval.jsonl"))
         validation = [r for r in evals if r["tag"] == "validation"]
         assert [r["iteration"] for r in validation] == [0, 1]  # every iteration, the last one included
         assert run["selected_iteration"] == train.select_checkpoint(evals, 2) and run["test_states"] == 2
@@ -1380,7 +1380,7 @@ def test_a_sweep_trains_one_run_per_seed_summarizes_and_resumes(tmp_path, capsys
         assert run["last_test_score"] == last and run["competent"] == (run["selected_test_score"] >= 0.8)
     scores = [r["selected_test_score"] for r in summary["runs"]]
     assert summary["selected_test_score"]["mean"] == pytest.approx(np.mean(scores))
-    assert summary["selected_test_score"]["ci95"] == audit.bootstrap_ci(scores)
+    assert summary["selected_test_score"]["ci95"] == plumbing.bootstrap_ci(scores)
     assert "seeds competent** (" in open(os.path.join(out, "summary.md")).read()
     assert "unfinished" not in open(os.path.join(out, "summary.md")).read()
     printed = capsys.readouterr().out
@@ -1442,11 +1442,11 @@ def test_sweep_helpers():
     for bad in ("", "a", "3-1", "1,1", "-2"):
         with pytest.raises(train.ArgError, match="--seeds"):
             train.parse_seed_list(bad)
-    assert train.run_flags(["--game", "forage", "--seeds", "0-4", "--jobs=5", "--out", "d", "--lr", "1e-3"]) == \
+    assert plumbing.run_flags(["--game", "forage", "--seeds", "0-4", "--jobs=5", "--out", "d", "--lr", "1e-3"]) == \
         ["--game", "forage", "--lr", "1e-3"]
-    assert audit.bootstrap_ci([0.5, 0.5, 0.5]) == [0.5, 0.5]
-    low, high = audit.bootstrap_ci([0.0, 1.0, 1.0, 1.0, 0.0])
-    assert 0.0 <= low < 0.6 < high <= 1.0 and audit.bootstrap_ci([0.0, 1.0, 1.0, 1.0, 0.0]) == [low, high]
+    assert plumbing.bootstrap_ci([0.5, 0.5, 0.5]) == [0.5, 0.5]
+    low, high = plumbing.bootstrap_ci([0.0, 1.0, 1.0, 1.0, 0.0])
+    assert 0.0 <= low < 0.6 < high <= 1.0 and plumbing.bootstrap_ci([0.0, 1.0, 1.0, 1.0, 0.0]) == [low, high]
     evals = [{"tag": "validation", "iteration": 9, "eval/score": 0.9}, {"tag": "validation", "iteration": 19,
              "eval/score": 0.9}, {"tag": "validation", "iteration": 29, "eval/score": 0.5}, {"tag": "final",
              "iteration": 29, "eval/score": 1.0}]
@@ -1487,7 +1487,7 @@ def test_every_training_mode_runs_end_to_end(tmp_path, flags):
                                    "--burn-in-episodes", "10", "--eval-interval", "1", *flags))
     config = json.load(open(os.path.join(run_dir, "config.json")))
     assert all(str(config[f[2:].replace("-", "_")]) == v for f, v in zip(flags[::2], flags[1::2]))
-    metrics = train.read_jsonl(os.path.join(run_dir, "metrics.jsonl"))
+    metrics = plumbing.read_jsonl(os.path.join(run_dir, "metrics.jsonl"))
     assert len(metrics) == 2 and all(np.isfinite(m["train/agent0.kl"]) for m in metrics)
     result = json.load(open(os.path.join(run_dir, "result.json")))
     assert result["selected_iteration"] in (1, 2) and 0.0 <= result["selected_test_score"] <= 1.0
@@ -1555,10 +1555,10 @@ def test_two_cpu_ranks_match_one_process(tmp_path):
         assert any(a[k].abs().sum() > 0 for k in a if "lora_B" in k)  # training moved them (B starts at 0)
     deterministic = ("rollout/score_mean", "rollout/return_mean", "rollout/decisions", "rollout/zero_std_groups",
                      "train/agent0.decisions", "train/agent1.decisions")
-    one, two = (train.read_jsonl(f"{d}/metrics.jsonl") for d in (single, ranks))
+    one, two = (plumbing.read_jsonl(f"{d}/metrics.jsonl") for d in (single, ranks))
     assert [[r[k] for k in deterministic] for r in one] == [[r[k] for k in deterministic] for r in two]
     assert all(abs(a["train/agent0.grad_norm"] - b["train/agent0.grad_norm"]) < 1e-4 for a, b in zip(one, two))
-    final = [[(r["eval/score"], r.get("eval/decisions")) for r in train.read_jsonl(f"{d}/eval.jsonl")]
+    final = [[(r["eval/score"], r.get("eval/decisions")) for r in plumbing.read_jsonl(f"{d}/eval.jsonl")]
              for d in (single, ranks)]  # evaluations split across ranks and gathered
     assert final[0] == final[1]
 
@@ -1575,7 +1575,7 @@ def test_resume_gives_the_same_adapters_as_an_uninterrupted_run(tmp_path):
         assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     def untimed(run_dir):
         return [{k: v for k, v in r.items() if not k.startswith("time/")}
-                for r in train.read_jsonl(f"{run_dir}/metrics.jsonl")]
+                for r in plumbing.read_jsonl(f"{run_dir}/metrics.jsonl")]
 
     assert untimed(full) == untimed(part)
     with pytest.raises(train.ArgError, match="was made with --game 'coop_push', not 'forage'"):
@@ -1588,7 +1588,7 @@ def test_resume_gives_the_same_adapters_as_an_uninterrupted_run(tmp_path):
 
 
 def test_auto_dtype_resolves_to_a_concrete_dtype():
-    assert train.policy_lib.auto_dtype("cpu") in train.policy_lib.DTYPES
+    assert plumbing.auto_dtype("cpu") in plumbing.DTYPES
     assert train.parse_args([])[0].dtype == "auto"  # resolved by main, which writes the resolved one
 
 
@@ -1613,7 +1613,7 @@ def test_per_game_presets_apply_unless_a_flag_is_given():
     (["--base-temperatures", "0,x"], "--base-temperatures '0,x': expected comma-separated finite numbers"),
 ])
 def test_bad_flags_give_one_clear_error(flags, message):
-    with pytest.raises(envs.InputError, match=re.escape(message)):
+    with pytest.raises(plumbing.InputError, match=re.escape(message)):
         train.parse_args(flags)
 
 
@@ -1941,7 +1941,7 @@ def test_kl_and_entropy_terms_by_hand():
 
 # ----------------------------------------------------------------------------- hostile input (issue #21)
 # Every CLI turns a bad input into one line naming it, exit code 2, and leaves every existing file as it was.
-# The cases run each CLI's own main through envs.run_cli (what `python X.py` runs); test_cli_wiring_* runs the
+# The cases run each CLI's own main through plumbing.run_cli (what `python X.py` runs); test_cli_wiring_* runs the
 # real commands. Almost all fail before any model loads.
 
 def hostile_world(root) -> None:
@@ -2145,7 +2145,7 @@ def test_hostile_input_is_one_line_exit_2_and_touches_no_file(tmp_path, capsys, 
     argv = [a.replace("{root}", str(tmp_path)) for a in base + argv]
     capsys.readouterr()
     with pytest.raises(SystemExit) as exit_info:
-        envs.run_cli(cli_main(cli), argv)
+        plumbing.run_cli(cli_main(cli), argv)
     err = capsys.readouterr().err
     assert exit_info.value.code == 2
     lines = err.strip().splitlines()
@@ -2201,21 +2201,20 @@ def test_an_edited_guard_cache_is_reported_and_rebuilt_never_applied(tmp_path, c
 
 
 def test_a_model_cache_folder_is_verified_by_content_hash(tmp_path, capsys):
-    import policy as policy_lib
 
     folder = tmp_path / "model"
     folder.mkdir()
     (folder / "config.json").write_text("{}")
     (folder / "model.safetensors").write_bytes(b"weights")
-    assert not policy_lib._cache_ok(folder)  # no manifest (an older cache): unverifiable, removed
+    assert not plumbing._cache_ok(folder)  # no manifest (an older cache): unverifiable, removed
     assert not folder.exists() and "does not match its content hashes" in capsys.readouterr().err
     folder.mkdir()
     (folder / "config.json").write_text("{}")
     (folder / "model.safetensors").write_bytes(b"weights")
-    (folder / policy_lib.MANIFEST).write_text(json.dumps(policy_lib._file_hashes(folder)))
-    assert policy_lib._cache_ok(folder)
+    (folder / plumbing.MANIFEST).write_text(json.dumps(plumbing._file_hashes(folder)))
+    assert plumbing._cache_ok(folder)
     (folder / "model.safetensors").write_bytes(b"weightz")  # same size, other bytes
-    assert not policy_lib._cache_ok(folder) and not folder.exists()
+    assert not plumbing._cache_ok(folder) and not folder.exists()
 
 
 def test_write_file_is_whole_or_nothing_on_a_full_disk(tmp_path, monkeypatch):
@@ -2223,7 +2222,7 @@ def test_write_file_is_whole_or_nothing_on_a_full_disk(tmp_path, monkeypatch):
     import errno
 
     path = tmp_path / "metrics.jsonl"
-    envs.write_file(str(path), "old\n")
+    plumbing.write_file(str(path), "old\n")
     real_open = builtins.open
 
     class FullDisk:
@@ -2241,9 +2240,9 @@ def test_write_file_is_whole_or_nothing_on_a_full_disk(tmp_path, monkeypatch):
             raise OSError(errno.ENOSPC, "No space left on device")
 
     monkeypatch.setattr(builtins, "open", lambda f, *a, **k: FullDisk(real_open(f, *a, **k)))
-    with pytest.raises(envs.InputError, match=r"cannot write .*metrics.jsonl \(No space left on device\); the "
+    with pytest.raises(plumbing.InputError, match=r"cannot write .*metrics.jsonl \(No space left on device\); the "
                                               "previous file, if any, is unchanged"):
-        envs.write_file(str(path), "new and longer\n")
+        plumbing.write_file(str(path), "new and longer\n")
     monkeypatch.undo()
     assert path.read_text() == "old\n" and [p.name for p in tmp_path.iterdir()] == ["metrics.jsonl"]
 
@@ -2259,12 +2258,12 @@ def test_a_nan_stops_training_at_that_iteration_keeping_the_last_good_checkpoint
         return real(policy, *args, **kwargs)
 
     monkeypatch.setattr(train.pamagrpo, "iteration", poisoned)
-    with pytest.raises(train.policy_lib.NonFiniteError, match=r"iteration 2: a menu log-probability of agent1 is not "
+    with pytest.raises(plumbing.NonFiniteError, match=r"iteration 2: a menu log-probability of agent1 is not "
                                                             r"finite .*the checkpoint after iteration 1 is kept"):
         train.main(tiny_args(tmp_path, "run", "--iterations", "3", "--audit-episodes", "0", "--base-episodes", "0"))
     run_dir = tmp_path / "run"
     assert json.loads((run_dir / "checkpoint" / "state.json").read_text()) == {"iteration": 0}
-    assert [r["iteration"] for r in train.read_jsonl(str(run_dir / "metrics.jsonl"))] == [0]
+    assert [r["iteration"] for r in plumbing.read_jsonl(str(run_dir / "metrics.jsonl"))] == [0]
     from safetensors.torch import load_file
 
     saved = load_file(run_dir / "checkpoint" / "adapters" / "agent1" / "adapter_model.safetensors")
@@ -2272,9 +2271,9 @@ def test_a_nan_stops_training_at_that_iteration_keeping_the_last_good_checkpoint
 
 
 def test_a_nan_loss_or_gradient_stops_the_update_before_the_step():
-    with pytest.raises(train.policy_lib.NonFiniteError, match="the loss is not finite"):
+    with pytest.raises(plumbing.NonFiniteError, match="the loss is not finite"):
         train.policy_lib.check_finite("the loss", torch.tensor(float("nan")))
-    with pytest.raises(train.policy_lib.NonFiniteError, match="gradient norm"):
+    with pytest.raises(plumbing.NonFiniteError, match="gradient norm"):
         train.policy_lib.check_finite("agent0's gradient norm", float("inf"))
     train.policy_lib.check_finite("fine", [torch.zeros(3), torch.ones(2)])
 
@@ -2286,16 +2285,16 @@ def test_resuming_a_finished_run_changes_nothing(tmp_path, capsys):
     assert train.main(["--resume", run_dir]) == run_dir
     assert "already finished its 1 iterations" in capsys.readouterr().out
     assert file_tree(tmp_path / "run") == before
-    evals = train.read_jsonl(os.path.join(run_dir, "eval.jsonl"))
+    evals = plumbing.read_jsonl(os.path.join(run_dir, "eval.jsonl"))
     assert sum(r["tag"] == "final" for r in evals) == 1
     train.main(["--resume", run_dir, "--iterations", "2"])  # trained further: one final record, of iteration 2
-    evals = train.read_jsonl(os.path.join(run_dir, "eval.jsonl"))
+    evals = plumbing.read_jsonl(os.path.join(run_dir, "eval.jsonl"))
     assert [r["iteration"] for r in evals if r["tag"] in ("final", "selected")] == [1, 1]
 
 
 def test_frozen_base_baselines_are_computed_once_and_cached(tmp_path, capsys):
     def baselines(run_dir):
-        return {r["policy"]: r for r in train.read_jsonl(os.path.join(run_dir, "eval.jsonl"))
+        return {r["policy"]: r for r in plumbing.read_jsonl(os.path.join(run_dir, "eval.jsonl"))
                 if r["tag"] == "baseline"}
 
     first = train.main(tiny_args(tmp_path, "a", "--iterations", "0", "--audit-episodes", "0"))
@@ -2375,21 +2374,21 @@ def test_sweep_curves_draw_the_mean_and_a_band_over_seeds(tmp_path):
     for seed in range(3):
         run = tmp_path / f"seed{seed}"
         run.mkdir()
-        train.write_jsonl(str(run / "metrics.jsonl"), [{"iteration": i, "rollout/score_mean": 0.1 * i + 0.05 * seed,
+        plumbing.write_jsonl(str(run / "metrics.jsonl"), [{"iteration": i, "rollout/score_mean": 0.1 * i + 0.05 * seed,
                                                         "time/iteration_s": 1.0} for i in range(4)])
-        train.write_jsonl(str(run / "eval.jsonl"), [
+        plumbing.write_jsonl(str(run / "eval.jsonl"), [
             {"tag": "baseline", "iteration": -1, "policy": "base/options", "temperature": 0.0, "eval/score": 0.1},
             {"tag": "validation", "iteration": 1, "eval/score": 0.5},
             {"tag": "validation", "iteration": 3, "eval/score": 0.6 + 0.1 * seed},
             {"tag": "selected", "iteration": 3, "eval/score": 0.7 + 0.1 * seed}])
-        train.write_json(str(run / "result.json"), {"seed": seed, "last_test_score": 0.7, "selected_test_score":
+        plumbing.write_json(str(run / "result.json"), {"seed": seed, "last_test_score": 0.7, "selected_test_score":
                                                     0.7 + 0.1 * seed, "selected_iteration": 4, "iterations": 4,
                                                     "test_states": 5, "validation_states": 5, "train_s": 4.0})
         if seed < 2:  # seed 2 has no final audit; seed 0 one dispensable agent, seed 1 both necessary
             drops = [0.8, 0.0] if seed == 0 else [1.0, 0.6]
             row = {"n_agents": 2, "score": 1.0, "agent0.progress_share": 0.6, "agent1.progress_share": 0.4,
                    **{f"agent{i}.ablation_idle_drop_rel": d for i, d in enumerate(drops)}}
-            train.write_json(str(run / "audit_final.json"), {**row, "summary": audit.summarize(row, 2)})
+            plumbing.write_json(str(run / "audit_final.json"), {**row, "summary": audit.summarize(row, 2)})
     summary = train.sweep_summary(str(tmp_path), plan)
     assert summary["finished"] == 3 and abs(summary["selected_test_score"]["mean"] - 0.8) < 1e-9
     assert summary["audits"] == {"interdependent": 1, "solo": 1}
@@ -2400,7 +2399,7 @@ def test_sweep_curves_draw_the_mean_and_a_band_over_seeds(tmp_path):
     assert "interdependent 1, solo 1" in text and "| solo (0.80 / 0.00) |" in text and "`curves.png`" in text
     with Image.open(tmp_path / "curves.png") as image:
         assert image.format == "PNG" and image.size[0] > 400
-    mean, low, high = audit.band([[0.0, 1.0], [1.0, 1.0]])
+    mean, low, high = plumbing.band([[0.0, 1.0], [1.0, 1.0]])
     assert list(mean) == [0.5, 1.0] and low[0] == 0.0 and high[0] == 1.0 and low[1] == high[1] == 1.0
 
 
@@ -2422,9 +2421,9 @@ def test_decoupling_figure_reads_the_audits_of_two_sweeps(tmp_path, capsys):
     audit.main(["--decoupling", f"solo={tmp_path / 'solo'}", f"coop={tmp_path / 'coop'}", "--figure", str(figure)])
     with Image.open(figure) as image:
         assert image.format == "PNG" and image.size[0] > 600
-    with pytest.raises(envs.InputError, match="no seedK/audit.jsonl"):
+    with pytest.raises(plumbing.InputError, match="no seedK/audit.jsonl"):
         audit.main(["--decoupling", f"x={tmp_path}", "--figure", str(figure)])
-    with pytest.raises(envs.InputError, match="expected LABEL=SWEEP_FOLDER"):
+    with pytest.raises(plumbing.InputError, match="expected LABEL=SWEEP_FOLDER"):
         audit.main(["--decoupling", str(tmp_path / "solo")])
 
 

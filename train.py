@@ -26,9 +26,7 @@ import inspect
 import json
 import math
 import os
-import pickle
 import random
-import shutil
 import sys
 import time
 from dataclasses import dataclass, field
@@ -42,6 +40,7 @@ import envs
 import guards as guard_lib
 import options
 import pamagrpo
+import plumbing
 import policy as policy_lib
 
 COMPETENT = 0.8  # a run is competent when its selected test score is >= 0.8 x the scripted team's
@@ -92,7 +91,7 @@ class Args:
     jobs: int = 1  # a sweep's runs at once (CPU threads are split between them; on a GPU they share it)
     out: str | None = None  # run folder; default runs/GAME-LAYOUT-sSEED
     resume: str | None = None  # continue the run in this folder
-    cache: str = field(default_factory=lambda: str(policy_lib.cache_root()))  # model and guard cache folder
+    cache: str = field(default_factory=lambda: str(plumbing.cache_root()))  # model and guard cache folder
 
 
 # Per-game defaults, applied when a flag is not given (chosen by measurement; see results/README.md).
@@ -108,7 +107,7 @@ PRESETS: dict[str, dict] = {
     # --feedback failures was tried and is not in the preset: greedy 0.275 after 10 iterations (results/README.md)
     "kitchen": {"credit": "to_go_aligned", "gamma": 0.95, "iterations": 20},
 }
-CHOICES = {"game": tuple(envs.GAMES), "dtype": ("auto", *policy_lib.DTYPES),
+CHOICES = {"game": tuple(envs.GAMES), "dtype": ("auto", *plumbing.DTYPES),
            "scoring": policy_lib.SCORINGS, "action_mode": ("options", "primitive"),
            "advantage": ("per_agent", "shared"), "credit": ("to_go", "episode", "to_go_aligned"),
            "feedback": ("none", "failures"), "arrived": ("keep", "drop")}
@@ -132,14 +131,14 @@ RESUMABLE = ("iterations", "resume", "threads", "eval_interval", "base_temperatu
              "audit_episodes", "jobs")
 
 
-class ArgError(envs.InputError):
+class ArgError(plumbing.InputError):
     """A bad flag value: the message says what is wrong and what is accepted."""
 
 
 def parse_args(argv: list[str] | None = None) -> tuple[Args, set[str]]:
     """Build argparse from the dataclass; returns the resolved Args and the names given explicitly."""
     presets = "; ".join(f"{g}: {' '.join(f'--{k} {v}' for k, v in p.items()) or 'none'}" for g, p in PRESETS.items())
-    parser = envs.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+    parser = plumbing.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
                                  epilog=f"Per-game presets (flags given explicitly win): {presets}")
     docs = {}
     for line in open(__file__).read().split("class Args:")[1].split("\n\n")[0].splitlines()[1:]:
@@ -148,7 +147,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[Args, set[str]]:
     for f in dataclasses.fields(Args):
         default = getattr(Args(), f.name)
         low, high, low_open, high_open = RANGES.get(f.name, (-math.inf, math.inf, False, False))
-        kind = envs.number(low, high, type(default) is int, low_open, high_open) if type(default) in (int, float) \
+        kind = plumbing.number(low, high, type(default) is int, low_open, high_open) if type(default) in (int, float) \
             else str
         parser.add_argument(f"--{f.name.replace('_', '-')}", dest=f.name, type=kind, default=None,
                             help=docs.get(f.name, ""))
@@ -176,13 +175,13 @@ def validate(args: Args) -> None:
     for name, accepted in CHOICES.items():
         if getattr(args, name) not in accepted:
             raise ArgError(f"{flag(name)} {getattr(args, name)!r}: expected one of {', '.join(accepted)}")
-    envs.check_device(args.device)
+    plumbing.check_device(args.device)
     for name, (low, high, low_open, high_open) in RANGES.items():
         value = getattr(args, name)
         inside = (value > low if low_open else value >= low) and (value < high if high_open else value <= high)
         if not (math.isfinite(value) and inside):
             kind = "an integer" if isinstance(getattr(Args(), name), int) else "a finite number"
-            accepted = envs.number(low, high, kind == "an integer", low_open, high_open).accepted
+            accepted = plumbing.number(low, high, kind == "an integer", low_open, high_open).accepted
             raise ArgError(f"{flag(name)} {value}: expected {accepted}")
     if args.temperature == 0 and args.iterations > 0:
         raise ArgError("--temperature 0: greedy rollouts of one start state are identical, so every group's advantages "
@@ -233,106 +232,17 @@ def parse_seed_list(text: str) -> list[int]:
 # ----------------------------------------------------------------------------- PLUMBING: files
 
 
-# Every file is written whole or not at all (envs.write_file: a temporary file, then a rename), so a kill, a full
+# Every file is written whole or not at all (plumbing.write_file: a temporary file, then a rename), so a kill, a full
 # disk or a missing permission leaves the previous version; the records are small, so an append rewrites the file.
-
-
-def write_json(path: str, data) -> None:
-    envs.write_file(path, json.dumps(data, indent=1))
-
-
-def write_jsonl(path: str, records: list[dict]) -> None:
-    envs.write_file(path, "".join(json.dumps(r) + "\n" for r in records))
-
-
-def append_jsonl(path: str, record: dict) -> None:
-    write_jsonl(path, read_jsonl(path) + [record])
-
-
-def read_jsonl(path: str) -> list[dict]:
-    """The records of a .jsonl file ([] if there is none); a damaged file is an error naming its line."""
-    if not os.path.exists(path):
-        return []
-    records = []
-    for number, line in enumerate(envs.read_text(path, "records written by train.py", 1 << 30).splitlines(), 1):
-        try:
-            record = json.loads(line) if line.strip() else None
-        except json.JSONDecodeError as e:
-            raise ArgError(f"{path} line {number} is not JSON ({e.msg}); expected one record a line as train.py "
-                           "writes them") from None
-        if record is not None and not (isinstance(record, dict) and isinstance(record.get("iteration"), int)):
-            raise ArgError(f"{path} line {number}: expected a record with an integer 'iteration'")
-        if record is not None:
-            records.append(record)
-    return records
-
-
-def save_checkpoint(run_dir: str, policy, optimizers, it: int) -> None:
-    """Adapters, optimizer states and the iteration, written to a temporary folder then swapped in, so
-    a run killed at any moment leaves the previous checkpoint or the new one, never half of one."""
-    tmp, final, old = (os.path.join(run_dir, n) for n in ("checkpoint.tmp", "checkpoint", "checkpoint.old"))
-    try:
-        shutil.rmtree(tmp, ignore_errors=True)
-        os.makedirs(tmp)
-        policy.save_adapters(os.path.join(tmp, "adapters"))
-        torch.save({n: opt.state_dict() for n, opt in optimizers.items()}, os.path.join(tmp, "optimizers.pt"))
-        write_json(os.path.join(tmp, "state.json"), {"iteration": it})
-    except (OSError, RuntimeError, envs.InputError) as e:  # torch.save reports a full disk as RuntimeError
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise ArgError(f"cannot write the checkpoint of iteration {it + 1} in {run_dir} ({envs.one_line(e)}); the "
-                       "previous checkpoint is kept; expected a writable folder with free space") from None
-    shutil.rmtree(old, ignore_errors=True)
-    if os.path.exists(final):
-        os.replace(final, old)
-    os.replace(tmp, final)
-    shutil.rmtree(old, ignore_errors=True)
-
-
-def save_adapters(policy, folder: str) -> None:
-    """The adapters into `folder` whole or not at all (a temporary folder, then a swap)."""
-    tmp, old = f"{folder}.{os.getpid()}.tmp", f"{folder}.{os.getpid()}.old"
-    try:
-        shutil.rmtree(tmp, ignore_errors=True)
-        policy.save_adapters(tmp)
-        if os.path.exists(folder):
-            os.replace(folder, old)
-        os.replace(tmp, folder)
-    except (OSError, RuntimeError) as e:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise ArgError(f"cannot write adapters to {folder} ({envs.one_line(e)}); expected a writable folder with "
-                       "free space") from None
-    shutil.rmtree(old, ignore_errors=True)
-
-
-def load_checkpoint(run_dir: str, policy, optimizers) -> int:
-    """Restore adapters and optimizers; returns the last finished iteration (-1: none)."""
-    final = os.path.join(run_dir, "checkpoint")
-    if not os.path.exists(final) and os.path.exists(os.path.join(run_dir, "checkpoint.old")):
-        final = os.path.join(run_dir, "checkpoint.old")  # killed between the two renames
-    if not os.path.exists(final):
-        return -1
-    try:
-        it = json.loads(envs.read_text(os.path.join(final, "state.json"), "a checkpoint of train.py"))["iteration"]
-        if type(it) is not int or it < 0:
-            raise ValueError(f"iteration {it!r} is not an integer >= 0")
-        policy.load_adapters(os.path.join(final, "adapters"))
-        states = torch.load(os.path.join(final, "optimizers.pt"), weights_only=True)
-        for n, opt in optimizers.items():
-            opt.load_state_dict(states[n])
-    except (OSError, KeyError, TypeError, ValueError, RuntimeError, EOFError, pickle.UnpicklingError,
-            policy_lib.ModelError) as e:
-        first = (str(e).splitlines() or [""])[0][:120]
-        raise ArgError(f"checkpoint in {final} is corrupt ({type(e).__name__}: {first})") from None
-    return int(it)
 
 
 def resolve_resume(args: Args, given: set[str]) -> Args:
     """On --resume, the saved config wins; a flag that contradicts it is refused."""
     path = os.path.join(args.resume, "config.json")
     try:
-        saved = json.loads(envs.read_text(path, "a run folder of train.py"))
-    except (envs.InputError, json.JSONDecodeError) as e:
-        raise ArgError(f"--resume {args.resume}: cannot read {path} ({envs.one_line(e)}); expected a run folder of "
+        saved = json.loads(plumbing.read_text(path, "a run folder of train.py"))
+    except (plumbing.InputError, json.JSONDecodeError) as e:
+        raise ArgError(f"--resume {args.resume}: cannot read {path} ({plumbing.one_line(e)}); expected a run folder of "
                        "train.py") from None
     names = {f.name for f in dataclasses.fields(Args)}
     if not isinstance(saved, dict) or not set(saved) <= names or len(saved) < len(names) // 2:
@@ -347,7 +257,7 @@ def resolve_resume(args: Args, given: set[str]) -> Args:
     resumed.out, resumed.resume = args.resume, args.resume
     try:
         validate(resumed)
-    except envs.InputError as e:
+    except plumbing.InputError as e:
         raise ArgError(f"--resume {args.resume}: {path} holds a bad value: {e}") from None
     return resumed
 
@@ -358,11 +268,11 @@ def baseline_cache_path(args: Args, game: envs.Game, guards, seeds: list[int], t
     the seed when it samples) and by the source of the modules that play and score it, so a code change never
     reuses it."""
     model = args.model
-    folder = policy_lib.cache_root() / model if model in policy_lib.PRESETS else Path(model).expanduser()
+    folder = plumbing.cache_root() / model if model in plumbing.PRESETS else Path(model).expanduser()
     files = sorted((p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in folder.glob("*") if p.is_file()) \
         if folder.is_dir() else str(folder)
     sources = [inspect.getsource(m) for m in (envs, options, policy_lib, pamagrpo)]
-    key = envs.content_hash([model, files, args.dtype, args.device.split(":")[0], args.scoring, args.feedback,
+    key = plumbing.content_hash([model, files, args.dtype, args.device.split(":")[0], args.scoring, args.feedback,
                         guard_lib.layout_fingerprint(game), guards.data if guards else None,
                         args.arrived if guards else None, seeds, tag, temperature,
                         args.seed if temperature > 0 else None, sources])
@@ -372,22 +282,13 @@ def baseline_cache_path(args: Args, game: envs.Game, guards, seeds: list[int], t
 def read_cached_baseline(path: str) -> dict | None:
     """A cached frozen-base result, or None when there is none or it does not match its content hash."""
     try:
-        cached = json.loads(envs.read_text(path, "a cached baseline"))
-        if cached["content_hash"] == envs.content_hash(cached["result"]):
+        cached = json.loads(plumbing.read_text(path, "a cached baseline"))
+        if cached["content_hash"] == plumbing.content_hash(cached["result"]):
             return cached["result"]
         print(f"note: the cached baseline {path} does not match its content hash; recomputing it", file=sys.stderr)
-    except (envs.InputError, ValueError, KeyError, TypeError):
+    except (plumbing.InputError, ValueError, KeyError, TypeError):
         pass
     return None
-
-
-def finished_iterations(run_dir: str) -> int:
-    """How many iterations a run folder's checkpoint holds (0: none or unreadable; load_checkpoint says why)."""
-    try:
-        with open(os.path.join(run_dir, "checkpoint", "state.json")) as f:
-            return int(json.load(f)["iteration"]) + 1
-    except (OSError, ValueError, KeyError, TypeError):
-        return 0
 
 
 def schedule_progress(args: Args, it: int) -> float:
@@ -449,24 +350,6 @@ def scripted_score(game_factory, seeds: list[int]) -> float:
 # ----------------------------------------------------------------------------- the run
 
 
-def start_distributed(device: str) -> str:
-    """Under torchrun (WORLD_SIZE > 1): join the process group (gloo on CPU, nccl on GPU) and return this
-    rank's device; a plain `python train.py` sets nothing up."""
-    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
-        return device
-    if device == "cuda":
-        device = f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}"
-        torch.cuda.set_device(device)
-    if not torch.distributed.is_initialized():
-        torch.distributed.init_process_group("nccl" if device.startswith("cuda") else "gloo")
-    return device
-
-
-def barrier() -> None:
-    if pamagrpo.rank_and_world()[1] > 1:
-        torch.distributed.barrier()
-
-
 def main(argv: list[str] | None = None) -> str:
     t_process = time.perf_counter()
     args, given = parse_args(argv)
@@ -480,11 +363,11 @@ def main(argv: list[str] | None = None) -> str:
         raise ArgError(f"--start-states {args.start_states}: torchrun started {world} processes, each needs at least "
                        f"one start state an iteration; expected --start-states >= {world}")
     if args.dtype == "auto":  # the config records what ran
-        args.dtype = policy_lib.auto_dtype(args.device)
+        args.dtype = plumbing.auto_dtype(args.device)
     torch.set_num_threads(args.threads)
     seed_everything(args.seed)
-    device = start_distributed(args.device)
-    lead = pamagrpo.rank_and_world()[0] == 0  # rank 0 alone prints and writes files
+    device = plumbing.start_distributed(args.device)
+    lead = plumbing.rank_and_world()[0] == 0  # rank 0 alone prints and writes files
 
     # game, layout, option library (a bad layout fails here, before anything is written)
     probe = envs.make_game(args.game, args.layout, 0)
@@ -507,27 +390,27 @@ def main(argv: list[str] | None = None) -> str:
     args.out = run_dir
     if not args.resume and os.path.exists(os.path.join(run_dir, "config.json")):
         raise ArgError(f"--out {run_dir}: a run already exists there; pass --resume {run_dir} or another --out")
-    if args.resume and finished_iterations(run_dir) >= args.iterations and \
+    if args.resume and plumbing.finished_iterations(run_dir) >= args.iterations and \
             os.path.exists(os.path.join(run_dir, "result.json")):
         print(f"{run_dir} already finished its {args.iterations} iterations (result.json); nothing to do (pass "
               "--iterations N with more iterations to train on)")
         return run_dir
     if lead:
-        envs.check_output_folder(run_dir, "--resume" if args.resume else "--out")
+        plumbing.check_output_folder(run_dir, "--resume" if args.resume else "--out")
         if os.path.exists(args.cache) and not os.path.isdir(args.cache):
             raise ArgError(f"--cache {args.cache}: is a file; expected a folder for models and guards")
     # backbone + one LoRA adapter per agent (a missing model fails here, before anything is written);
     # rank 0 first, so a GGUF preset is converted into the cache once
     if not lead:
-        barrier()
-    model, tokenizer = policy_lib.load_backbone(args.model, device, args.dtype)
+        plumbing.barrier()
+    model, tokenizer = plumbing.load_backbone(args.model, device, args.dtype)
     if lead:
-        barrier()
+        plumbing.barrier()
     names = pamagrpo.agent_names(probe.n_agents)
     policy = policy_lib.MenuPolicy(model, tokenizer, names, lora_rank=args.lora_rank, lora_alpha=args.lora_alpha,
                                    lora_targets=policy_lib.parse_lora_targets(args.lora_targets),
                                    lora_layers=args.lora_layers, scoring=args.scoring, seed=args.seed)
-    barrier()  # every rank has checked before rank 0 writes
+    plumbing.barrier()  # every rank has checked before rank 0 writes
     if lead:
         print("config:", json.dumps(dataclasses.asdict(args)))
 
@@ -536,10 +419,10 @@ def main(argv: list[str] | None = None) -> str:
     if args.action_mode == "options":
         settings = guard_lib.BurnInSettings(episodes=args.burn_in_episodes, seed=args.seed)
         if not lead:  # rank 0 runs the burn-in and caches the guards; the others read the cache
-            barrier()
+            plumbing.barrier()
         guards = guard_lib.cached_guards(probe, library, settings, os.path.join(args.cache, "guards"))
         if lead:
-            barrier()
+            plumbing.barrier()
             menu_seed0 = envs.SPLIT_FIRST_SEED["validation"]
             print(guard_lib.report(guards, guard_lib.evaluate_menus(probe, library, None, 50, menu_seed0),
                                    guard_lib.evaluate_menus(probe, library, guards, 50, menu_seed0)))
@@ -557,22 +440,22 @@ def main(argv: list[str] | None = None) -> str:
                                 args.max_grad_norm)
     metrics_path, eval_path = os.path.join(run_dir, "metrics.jsonl"), os.path.join(run_dir, "eval.jsonl")
     # a resume is checked whole (the checkpoint loads) before config.json is rewritten
-    start = load_checkpoint(run_dir, policy, optimizers) + 1 if args.resume else 0
+    start = plumbing.load_checkpoint(run_dir, policy, optimizers) + 1 if args.resume else 0
     if lead:
-        write_json(os.path.join(run_dir, "config.json"), dataclasses.asdict(args))
+        plumbing.write_json(os.path.join(run_dir, "config.json"), dataclasses.asdict(args))
         if guards and not (args.resume and os.path.exists(os.path.join(run_dir, "guards.json"))):
             guards.save(os.path.join(run_dir, "guards.json"))
     if start > 0 and lead:  # drop records of iterations the checkpoint does not hold (killed mid-iteration), and
         # the final records of a finished run trained further (--iterations raised); baselines (iteration -1) stay
         for path in (metrics_path, eval_path):
-            write_jsonl(path, [r for r in read_jsonl(path) if r["iteration"] < start
+            plumbing.write_jsonl(path, [r for r in plumbing.read_jsonl(path) if r["iteration"] < start
                                and r.get("tag") not in ("final", "selected")])
         if os.path.exists(os.path.join(run_dir, "result.json")):
             os.remove(os.path.join(run_dir, "result.json"))
         print(f"resumed {run_dir} after iteration {start}")
     elif start == 0:
         for path in (metrics_path, eval_path) if lead else ():
-            write_jsonl(path, [])
+            plumbing.write_jsonl(path, [])
         # evaluate the frozen base: over primitive actions, and over guarded options
         base_agents = [None] * probe.n_agents
         primitive = options.make_library(probe, "primitive", args.feedback == "failures")
@@ -583,23 +466,23 @@ def main(argv: list[str] | None = None) -> str:
                 t0, seeds = time.perf_counter(), eval_seeds[:args.base_episodes]
                 path = baseline_cache_path(args, probe, guards if lib is library else None, seeds, tag, temperature)
                 result = read_cached_baseline(path)
-                if not all(pamagrpo.all_gather([result is not None])):  # every rank takes the same branch
+                if not all(plumbing.all_gather([result is not None])):  # every rank takes the same branch
                     result = pamagrpo.evaluate(policy, game_factory, lib, filt, seeds, base_agents, temperature,
                                                args.seed)
                     if lead:
-                        envs.check_output_folder(os.path.dirname(path), "--cache")
-                        write_json(path, {"result": result, "content_hash": envs.content_hash(result)})
+                        plumbing.check_output_folder(os.path.dirname(path), "--cache")
+                        plumbing.write_json(path, {"result": result, "content_hash": plumbing.content_hash(result)})
                     took = f"{time.perf_counter() - t0:.0f}s"
                 else:
                     took = f"cached: {path}"
                 record = {**eval_record("baseline", -1, result), "policy": tag, "temperature": temperature,
                           "states": len(seeds)}
                 if lead:
-                    append_jsonl(eval_path, record)
+                    plumbing.append_jsonl(eval_path, record)
                     print(f"{tag} T={temperature}: score {result['score']:.3f} ({took})")
         if lead:
             scripted = scripted_score(game_factory, eval_seeds)
-            append_jsonl(eval_path, {"tag": "baseline", "iteration": -1, "policy": "scripted/coop",
+            plumbing.append_jsonl(eval_path, {"tag": "baseline", "iteration": -1, "policy": "scripted/coop",
                                      "temperature": 0.0, "eval/score": scripted, "states": len(eval_seeds)})
 
     # ------------------------------------------------------------------------- training loop (the algorithm)
@@ -611,9 +494,9 @@ def main(argv: list[str] | None = None) -> str:
                                         args.group_size, sampling_temperature(args, it), args.credit,
                                         args.advantage, cfg, args.seed, it, args.gamma, args.greedy_rollouts,
                                         shaping_weight(args, it))
-        except policy_lib.NonFiniteError as e:  # nothing of this iteration is saved: the checkpoint stays good
+        except plumbing.NonFiniteError as e:  # nothing of this iteration is saved: the checkpoint stays good
             kept = f"the checkpoint after iteration {it} is kept" if it else "no checkpoint was written"
-            raise policy_lib.NonFiniteError(f"iteration {it + 1}: {e}; training stopped and {kept} in {run_dir}; "
+            raise plumbing.NonFiniteError(f"iteration {it + 1}: {e}; training stopped and {kept} in {run_dir}; "
                                           f"expected finite values: try a lower --lr (now {args.lr:g})") from None
         done = it + 1 - start
         eta = (time.perf_counter() - t_start) / done * (args.iterations - it - 1)
@@ -626,33 +509,33 @@ def main(argv: list[str] | None = None) -> str:
             result = evaluate_team(validation_seeds)
             record.update({f"validation/{k}": v for k, v in result.items()})
             if lead:
-                append_jsonl(eval_path, {**eval_record("validation", it, result), "states": len(validation_seeds)})
-                save_adapters(policy, os.path.join(run_dir, "snapshots", f"iter_{it + 1:04d}"))
+                plumbing.append_jsonl(eval_path, {**eval_record("validation", it, result), "states": len(validation_seeds)})
+                plumbing.save_adapters(policy, os.path.join(run_dir, "snapshots", f"iter_{it + 1:04d}"))
                 print(validation_line(result, len(validation_seeds)))
         if lead:
-            append_jsonl(metrics_path, record)
-            save_checkpoint(run_dir, policy, optimizers, it)
+            plumbing.append_jsonl(metrics_path, record)
+            plumbing.save_checkpoint(run_dir, policy, optimizers, it)
 
     # ------------------------------------------------------------------------- final evaluation and report
     if args.iterations > 0:
         final_episodes: list = []  # the intact team's episodes, reused by the audit (one process only)
         result = evaluate_team(eval_seeds, final_episodes)
         if lead:
-            append_jsonl(eval_path, {**eval_record("final", args.iterations - 1, result), "states": len(eval_seeds)})
-            save_adapters(policy, os.path.join(run_dir, "adapters"))
-            save_adapters(policy, os.path.join(run_dir, "snapshots", f"iter_{args.iterations:04d}"))
+            plumbing.append_jsonl(eval_path, {**eval_record("final", args.iterations - 1, result), "states": len(eval_seeds)})
+            plumbing.save_adapters(policy, os.path.join(run_dir, "adapters"))
+            plumbing.save_adapters(policy, os.path.join(run_dir, "snapshots", f"iter_{args.iterations:04d}"))
             print(f"final test (greedy, {len(eval_seeds)} distinct test start states): score {result['score']:.3f} "
                   f"({result['seconds']:.0f}s)")
             if args.audit_episodes:  # who did the work, and what each agent is worth (audit.py)
                 t0 = time.perf_counter()
                 audit_seeds = eval_seeds[:args.audit_episodes]
-                intact = final_episodes[:len(audit_seeds)] if pamagrpo.rank_and_world()[1] == 1 else None
+                intact = final_episodes[:len(audit_seeds)] if plumbing.rank_and_world()[1] == 1 else None
                 row = {"iteration": args.iterations, "team": "trained adapters", "episodes": len(audit_seeds),
                        **audit.audit_llm_team(policy, game_factory, library, names, audit_seeds, menu_filter,
                                               args.seed, intact=intact)}
                 audit.write_replay(run_dir, policy, game_factory, library, names, audit_seeds[0], menu_filter)
                 row["seconds"] = round(time.perf_counter() - t0, 1)  # the ablations' episodes and the replay
-                write_json(os.path.join(run_dir, "audit_final.json"), row)
+                plumbing.write_json(os.path.join(run_dir, "audit_final.json"), row)
                 print(f"audit ({len(audit_seeds)} test start states, {row['seconds']:.0f}s): "
                       f"{row['summary']}")
         # checkpoint selection on validation start states, never on test ones: the last adapters are a
@@ -660,28 +543,28 @@ def main(argv: list[str] | None = None) -> str:
         if args.eval_interval:
             validation = evaluate_team(validation_seeds)
             if lead:
-                append_jsonl(eval_path, {**eval_record("validation", args.iterations - 1, validation),
+                plumbing.append_jsonl(eval_path, {**eval_record("validation", args.iterations - 1, validation),
                                          "states": len(validation_seeds)})
                 print(validation_line(validation, len(validation_seeds), " of the last adapters"))
-        barrier()
-        selected = select_checkpoint(read_jsonl(eval_path), args.iterations)
+        plumbing.barrier()
+        selected = select_checkpoint(plumbing.read_jsonl(eval_path), args.iterations)
         chosen = result
         if selected != args.iterations:
             policy.load_adapters(os.path.join(run_dir, "snapshots", f"iter_{selected:04d}"))
             chosen = evaluate_team(eval_seeds)
         if lead:
-            append_jsonl(eval_path, {**eval_record("selected", selected - 1, chosen), "states": len(eval_seeds)})
+            plumbing.append_jsonl(eval_path, {**eval_record("selected", selected - 1, chosen), "states": len(eval_seeds)})
             summary = {"seed": args.seed, "last_test_score": result["score"], "selected_test_score": chosen["score"],
                        "selected_iteration": selected, "iterations": args.iterations, "test_states": len(eval_seeds),
                        "validation_states": len(validation_seeds),
-                       "train_s": sum(m["time/iteration_s"] for m in read_jsonl(metrics_path))}
-            write_json(os.path.join(run_dir, "result.json"), summary)
+                       "train_s": sum(m["time/iteration_s"] for m in plumbing.read_jsonl(metrics_path))}
+            plumbing.write_json(os.path.join(run_dir, "result.json"), summary)
             print(f"selected checkpoint: iteration {selected} (best greedy validation score); test score "
                   f"{chosen['score']:.3f} (last: {result['score']:.3f})")
     if lead:
         write_report(run_dir, args)
         print(f"done: {run_dir} ({(time.perf_counter() - t_process) / 60:.1f} min in this process)")
-    barrier()  # no rank leaves before rank 0 has written everything
+    plumbing.barrier()  # no rank leaves before rank 0 has written everything
     return run_dir
 
 
@@ -693,33 +576,6 @@ def select_checkpoint(evals: list[dict], last: int) -> int:
 
 
 # ----------------------------------------------------------------------------- PLUMBING: many seeds at once
-
-SWEEP_FLAGS = ("--seeds", "--jobs", "--out", "--resume", "--seed", "--threads")  # set by the sweep per run
-
-
-def run_flags(argv: list[str]) -> list[str]:
-    """A sweep's command-line flags minus those the sweep sets for each run."""
-    kept, skip = [], False
-    for word in argv:
-        if skip:
-            skip = False
-        elif word.split("=", 1)[0] in SWEEP_FLAGS:
-            skip = "=" not in word
-        else:
-            kept.append(word)
-    return kept
-
-
-def last_progress(path: str) -> str:
-    """The newest progress line of a run's log (iteration, evaluation or error), '' if none yet."""
-    try:
-        with open(path, "rb") as f:
-            f.seek(max(0, os.path.getsize(path) - 4096))
-            lines = f.read().decode("utf-8", "replace").splitlines()
-    except OSError:
-        return ""
-    keep = ("iter ", "final test", "selected", "error", "base/", "  validation", "resumed")
-    return next((line.strip() for line in reversed(lines) if line.lstrip().startswith(keep)), "")
 
 
 def run_sweep(args: Args, given: set[str], argv: list[str]) -> str:
@@ -746,9 +602,9 @@ def run_sweep(args: Args, given: set[str], argv: list[str]) -> str:
             raise ArgError(f"--out {out}: a sweep already exists there; pass --resume {out} or another --out")
         plan = {"seeds": parse_seed_list(args.seeds), "seeds_text": args.seeds, "jobs": args.jobs,
                 "threads": args.threads,
-                "flags": run_flags(argv), "wall_s": {}}
-        envs.check_output_folder(out, "--out")
-        write_json(os.path.join(out, "sweep.json"), plan)
+                "flags": plumbing.run_flags(argv), "wall_s": {}}
+        plumbing.check_output_folder(out, "--out")
+        plumbing.write_json(os.path.join(out, "sweep.json"), plan)
     jobs, threads = plan["jobs"], max(1, plan["threads"] // plan["jobs"])
     print(f"sweep {out}: seeds {plan['seeds']}, {jobs} at a time, {threads} CPU thread(s) each; logs in "
           f"{out}/seedK/train.log", flush=True)
@@ -770,56 +626,33 @@ def run_sweep(args: Args, given: set[str], argv: list[str]) -> str:
             running[seed] = (proc, time.time(), log, plan["wall_s"].get(str(seed), 0.0))
         time.sleep(1.0)
         for seed, (proc, t0, log, before) in list(running.items()):
-            line = last_progress(os.path.join(out, f"seed{seed}", "train.log"))
+            line = plumbing.last_progress(os.path.join(out, f"seed{seed}", "train.log"))
             if line and line != shown.get(seed):
                 shown[seed] = line
                 print(f"seed {seed}: {line}", flush=True)
                 # the seed's clock so far, kept at each progress line: a killed sweep loses at most one line's time
                 plan["wall_s"][str(seed)] = before + time.time() - t0
-                write_json(os.path.join(out, "sweep.json"), plan)
+                plumbing.write_json(os.path.join(out, "sweep.json"), plan)
             if proc.poll() is None:
                 continue
-            line = last_progress(os.path.join(out, f"seed{seed}", "train.log"))  # its last line, written at exit
+            line = plumbing.last_progress(os.path.join(out, f"seed{seed}", "train.log"))  # its last line, written at exit
             if line and line != shown.get(seed):
                 print(f"seed {seed}: {line}", flush=True)
             log.close()
             del running[seed]
             plan["wall_s"][str(seed)] = before + time.time() - t0
-            write_json(os.path.join(out, "sweep.json"), plan)
+            plumbing.write_json(os.path.join(out, "sweep.json"), plan)
             if proc.returncode != 0:
                 failed[seed] = f"exit {proc.returncode}: {line}"
                 print(f"seed {seed}: FAILED ({failed[seed]})", flush=True)
     summary = sweep_summary(out, plan)
-    print(f"sweep {out}: {summary['competent']}/{summary['seeds']} seeds competent{unfinished_note(summary)}; "
-          f"selected test score, mean [95% CI]: {mean_ci(summary['selected_test_score'])}; {out}/summary.md",
+    print(f"sweep {out}: {summary['competent']}/{summary['seeds']} seeds competent{plumbing.unfinished_note(summary)}; "
+          f"selected test score, mean [95% CI]: {plumbing.mean_ci(summary['selected_test_score'])}; {out}/summary.md",
           flush=True)
     if failed:
         raise ArgError(f"sweep {out}: seed(s) {', '.join(map(str, failed))} failed; their logs are in "
                        f"{out}/seedK/train.log; fix the cause and pass --resume {out}")
     return out
-
-
-def unfinished_note(summary: dict) -> str:
-    """', 3 of 5 seeds unfinished' while a sweep is incomplete (an unfinished seed counts as not competent)."""
-    missing = summary["seeds"] - summary["finished"]
-    return f", {missing} of {summary['seeds']} seeds unfinished" if missing else ""
-
-
-def mean_and_ci(values: list[float]) -> dict:
-    """{"mean", "ci95"} of a sweep's per-seed values: mean None when no seed has one, ci95 None below two seeds
-    (resampling one value gives a zero-width interval that would read as certainty)."""
-    return {"mean": float(np.mean(values)) if values else None,
-            "ci95": audit.bootstrap_ci(values) if len(values) >= 2 else None}
-
-
-def mean_ci(stat: dict) -> str:
-    """'0.850 [0.700, 1.000]' from a summary's {"mean", "ci95"}; '1.000 (one seed: no CI)'; '-' when no seed
-    finished."""
-    if stat["mean"] is None:
-        return "-"
-    if stat["ci95"] is None:
-        return f"{stat['mean']:.3f} (one seed: no CI)"
-    return f"{stat['mean']:.3f} [{stat['ci95'][0]:.3f}, {stat['ci95'][1]:.3f}]"
 
 
 def audit_of_run(run_dir: str) -> dict:
@@ -847,7 +680,7 @@ def sweep_summary(out: str, plan: dict) -> dict:
         except (OSError, json.JSONDecodeError):
             rows.append({**row, "status": "unfinished"})
             continue
-        scripted = [r["eval/score"] for r in read_jsonl(os.path.join(run_dir, "eval.jsonl"))
+        scripted = [r["eval/score"] for r in plumbing.read_jsonl(os.path.join(run_dir, "eval.jsonl"))
                     if r.get("policy") == "scripted/coop"]
         row["scripted_test_score"] = scripted[-1] if scripted else 1.0
         row["competent"] = row["selected_test_score"] >= COMPETENT * row["scripted_test_score"]
@@ -858,22 +691,22 @@ def sweep_summary(out: str, plan: dict) -> dict:
                      "competent_means": f"selected test score >= {COMPETENT} x the scripted team's",
                      "flags": " ".join(plan["flags"])}
     for key in ("selected_test_score", "last_test_score"):
-        summary[key] = mean_and_ci([r[key] for r in done])
+        summary[key] = plumbing.mean_and_ci([r[key] for r in done])
     audited = [r for r in done if "audit" in r]
     summary["audits"] = {label: sum(r["audit"] == label for r in audited) for label in audit.LABELS
                          if any(r["audit"] == label for r in audited)}
     for key in ("idle_drop_min", "idle_drop_max"):
-        summary[key] = mean_and_ci([r[key] for r in audited])
+        summary[key] = plumbing.mean_and_ci([r[key] for r in audited])
     summary["runs"] = rows
-    write_json(os.path.join(out, "summary.json"), summary)
+    plumbing.write_json(os.path.join(out, "summary.json"), summary)
     if done:
         plot_sweep(out, [os.path.join(out, f"seed{r['seed']}") for r in done], os.path.join(out, "curves.png"))
 
     lines = [f"# Sweep {out}", "", f"`python train.py {summary['flags']} --seeds {plan['seeds_text']}`", "",
              f"**{summary['competent']}/{summary['seeds']} seeds competent** ({summary['competent_means']}"
-             f"{unfinished_note(summary)}); mean test score with a 95% bootstrap CI over seeds: selected "
-             f"{mean_ci(summary['selected_test_score'])}, "
-             f"last {mean_ci(summary['last_test_score'])}.", ""]
+             f"{plumbing.unfinished_note(summary)}); mean test score with a 95% bootstrap CI over seeds: selected "
+             f"{plumbing.mean_ci(summary['selected_test_score'])}, "
+             f"last {plumbing.mean_ci(summary['last_test_score'])}.", ""]
     if done:
         lines += ["Learning curves with bands over seeds: `curves.png`.", ""]
     if audited:
@@ -882,7 +715,7 @@ def sweep_summary(out: str, plan: dict) -> dict:
         lines += [f"Audits of the final teams (audit.py, `audit_final.json` of each seed, "
                   f"{len(audited)} seed{plural}): {labels}. Relative score drop when an agent is replaced by an "
                   f"idle one, mean [95% CI] over seeds: the less necessary agent "
-                  f"{mean_ci(summary['idle_drop_min'])}, the more necessary {mean_ci(summary['idle_drop_max'])}.", ""]
+                  f"{plumbing.mean_ci(summary['idle_drop_min'])}, the more necessary {plumbing.mean_ci(summary['idle_drop_max'])}.", ""]
     lines += ["| seed | selected test score (iteration) | last test score | scripted | competent | test states | "
               "audit (drop if agent 1 / 2 idles) | wall clock |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in rows:
@@ -895,7 +728,7 @@ def sweep_summary(out: str, plan: dict) -> dict:
         lines.append(f"| {r['seed']} | {r['selected_test_score']:.3f} ({r['selected_iteration']}) | "
                      f"{r['last_test_score']:.3f} | {r['scripted_test_score']:.2f} | {competent} "
                      f"| {r['test_states']} | {team} | {r['wall_s'] / 60:.1f} min |")
-    envs.write_file(os.path.join(out, "summary.md"), "\n".join(lines) + "\n")
+    plumbing.write_file(os.path.join(out, "summary.md"), "\n".join(lines) + "\n")
     return summary
 
 
@@ -909,8 +742,8 @@ def plot_sweep(out: str, run_dirs: list[str], path: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    metrics = [read_jsonl(os.path.join(d, "metrics.jsonl")) for d in run_dirs]
-    evals = [read_jsonl(os.path.join(d, "eval.jsonl")) for d in run_dirs]
+    metrics = [plumbing.read_jsonl(os.path.join(d, "metrics.jsonl")) for d in run_dirs]
+    evals = [plumbing.read_jsonl(os.path.join(d, "eval.jsonl")) for d in run_dirs]
     iterations = min(len(m) for m in metrics)
     fig, ax = plt.subplots(figsize=(7, 4))
     x = np.arange(1, iterations + 1)
@@ -926,7 +759,7 @@ def plot_sweep(out: str, run_dirs: list[str], path: str) -> None:
             continue
         for seed_values in values:
             ax.plot(at, seed_values, color=colour, alpha=0.25, linewidth=0.8)
-        mean, low, high = audit.band(values)
+        mean, low, high = plumbing.band(values)
         ax.plot(at, mean, color=colour, linewidth=2, marker="o" if colour == "C1" else None,
                 label=f"{label}: mean of {len(values)} seeds")
         ax.fill_between(at, low, high, color=colour, alpha=0.2)
@@ -939,23 +772,23 @@ def plot_sweep(out: str, run_dirs: list[str], path: str) -> None:
         ax.axhline(float(np.mean(scores)), color="gray", linestyle=style, linewidth=1, label=f"{name} (greedy)")
     selected = [r["eval/score"] for e in evals for r in e if r["tag"] == "selected"]
     if selected:  # the summary's rule: a mean, and a CI from two seeds on
-        stat = mean_and_ci(selected)
+        stat = plumbing.mean_and_ci(selected)
         mean = stat["mean"]
         low, high = stat["ci95"] or (mean, mean)
         ax.errorbar([iterations + 1.5], [mean], yerr=[[mean - low], [high - mean]], fmt="s", color="C3",
-                    capsize=4, label=f"selected checkpoint, test states: {mean_ci(stat)}")
+                    capsize=4, label=f"selected checkpoint, test states: {plumbing.mean_ci(stat)}")
     ax.set(xlabel="iteration", ylabel="normalized score", ylim=(-0.02, 1.02),
            title=f"{os.path.basename(os.path.normpath(out))}: "
                  + ("one seed" if len(run_dirs) == 1 else f"{len(run_dirs)} seeds, 95% bootstrap bands"))
     ax.legend(fontsize=7, loc="lower right")
     fig.tight_layout()
-    audit.save_figure(fig, path, dpi=110)
+    plumbing.save_figure(fig, path, dpi=110)
 
 
 def write_report(run_dir: str, args: Args) -> None:
     """report.md (frozen base vs trained vs scripted) and curve.png from the run's own records."""
-    evals = read_jsonl(os.path.join(run_dir, "eval.jsonl"))
-    metrics = read_jsonl(os.path.join(run_dir, "metrics.jsonl"))
+    evals = plumbing.read_jsonl(os.path.join(run_dir, "eval.jsonl"))
+    metrics = plumbing.read_jsonl(os.path.join(run_dir, "metrics.jsonl"))
     rows = [(f"{r['policy']} (T={r['temperature']:g})", r["eval/score"]) for r in evals if r["tag"] == "baseline"]
     method = "PA-MAGRPO" if args.advantage == "per_agent" else "MAGRPO (shared advantages)"
     rows += [(f"{method}, iteration {r['iteration'] + 1} (greedy, validation states)", r["eval/score"])
@@ -987,7 +820,7 @@ def write_report(run_dir: str, args: Args) -> None:
         with open(replay_path) as f:
             lines += ["", "## Replay of one held-out episode (greedy, trained adapters)", "", "```",
                       f.read().rstrip("\n"), "```"]
-    envs.write_file(os.path.join(run_dir, "report.md"), "\n".join(lines) + "\n")
+    plumbing.write_file(os.path.join(run_dir, "report.md"), "\n".join(lines) + "\n")
     if metrics:
         import matplotlib
 
@@ -1008,12 +841,12 @@ def write_report(run_dir: str, args: Args) -> None:
         ax.set(xlabel="iteration", ylabel="normalized score", ylim=(-0.02, 1.02), title=f"{args.game}/{args.layout}")
         ax.legend(fontsize=7)
         fig.tight_layout()
-        audit.save_figure(fig, os.path.join(run_dir, "curve.png"), dpi=110)
+        plumbing.save_figure(fig, os.path.join(run_dir, "curve.png"), dpi=110)
 
 
 if __name__ == "__main__":
     try:
-        envs.run_cli(main)  # every error of the project is an envs.InputError: one line, exit code 2
+        plumbing.run_cli(main)  # every error of the project is a plumbing.InputError: one line, exit code 2
     finally:
         if torch.distributed.is_available() and torch.distributed.is_initialized():
             torch.distributed.destroy_process_group()

