@@ -77,10 +77,6 @@ import plumbing
 from policy import EVAL_ITERATION, Decision, MenuPolicy, Step, check_finite, episodes, play, sampling_generator
 
 
-def agent_names(n_agents: int) -> list[str]:
-    return [f"agent{i}" for i in range(n_agents)]
-
-
 # ----------------------------------------------------------------------------- data parallel (torchrun)
 # Under torchrun every rank holds the base and all adapters and plays a share of the start states; these
 # helpers are no-ops in a single process, so the algorithm below has one code path.
@@ -177,7 +173,7 @@ def update(policy: MenuPolicy, optimizers: dict[str, torch.optim.Optimizer], ste
                                      trunk_cache=trunk_cache)
     check_finite("a frozen-base menu log-probability", base)
     # |D_i| over all ranks: each L_i is a mean over agent i's decisions of the whole iteration
-    count = {n: sum(plumbing.all_gather([sum(s.decision.agent == n for s in steps)])) for n in names}
+    count = {n: sum(plumbing.all_gather([sum(s.decision.adapter == n for s in steps)])) for n in names}
     stats = {n: {"kl": [], "clip": [], "entropy": [], "grad_norm": [], "loss": []} for n in names}
     order = np.random.default_rng(order_seed).permutation(len(steps))
     batches = [[int(k) for k in order[i:i + cfg.minibatch]] for i in range(0, len(steps), cfg.minibatch)]
@@ -194,7 +190,7 @@ def update(policy: MenuPolicy, optimizers: dict[str, torch.optim.Optimizer], ste
             terms = []
             for k, logp in zip(batch, new):  # logp: (K,) over this decision's menu
                 st = steps[k]
-                n = st.decision.agent
+                n = st.decision.adapter
                 ratio = torch.exp(logp[st.choice] - old[k][st.choice])  # rho_d (exactly 1 in epoch 0)
                 adv = st.advantage
                 surrogate = -torch.min(ratio * adv, torch.clamp(ratio, 1 - cfg.clip_eps, 1 + cfg.clip_eps) * adv)

@@ -94,12 +94,17 @@ BASE = "__base__"  # peft's name for "no adapter" rows in a mixed-adapter batch
 class Decision:
     """One choice to score: which adapter, the full prompt text and the menu of option texts."""
 
-    agent: str | None  # adapter name, e.g. "agent0"; None = the frozen base (adapters off)
+    adapter: str | None  # the deciding agent's adapter name, e.g. "agent0"; None = the frozen base (adapters off)
     prompt: str  # full prompt text as returned by MenuPolicy.build_prompt
     menu: tuple[str, ...]  # option texts
 
     def __post_init__(self):
         object.__setattr__(self, "menu", tuple(self.menu))  # a list menu would not be hashable
+
+
+def agent_names(n_agents: int) -> list[str]:
+    """The adapter name of each agent: agent i (0-based; "agent 1" in text) decides with adapter "agent{i}"."""
+    return [f"agent{i}" for i in range(n_agents)]
 
 
 def option_labels(menu: list[str] | tuple[str, ...], pool: tuple[str, ...]) -> list[str]:
@@ -238,8 +243,8 @@ class MenuPolicy:
             self.peft.eval()
         unique: dict[Decision, int] = {}  # identical decisions are scored once
         for decision in decisions:
-            if decision.agent is not None and decision.agent not in self.agents:
-                raise ValueError(f"unknown agent {decision.agent!r}; agents: {self.agents}")
+            if decision.adapter is not None and decision.adapter not in self.agents:
+                raise ValueError(f"unknown agent {decision.adapter!r}; agents: {self.agents}")
             unique.setdefault(decision, len(unique))
         rows = [(decision, *self.tokenize_decision(decision)) for decision in unique]
         lengths = [len(p) + (sum(map(len, o)) if self.scoring == "text" else 0) for _, p, o in rows]
@@ -380,7 +385,7 @@ class MenuPolicy:
             hidden = self.peft(
                 input_ids=input_ids.to(device), attention_mask=mask[:, None].to(device),  # (B, 1, T, T)
                 position_ids=positions.to(device), logits_to_keep=keep, use_cache=False,
-                adapter_names=[BASE if d.agent is None else d.agent for d, _, _ in rows],
+                adapter_names=[BASE if d.adapter is None else d.adapter for d, _, _ in rows],
             ).logits  # (B, keep, H): the normed final hidden states, not logits
         # each row's trunk output without its left padding
         outputs = [captured[0][b, width - len(ids):].clone() for b, (ids, _, _, _) in enumerate(packed)] if capture \
@@ -521,7 +526,7 @@ def naive_menu_log_probs(policy: MenuPolicy, decision: Decision) -> torch.Tensor
     """Reference scorer: one full (prompt + option) sequence per forward, no packing, cache or batch."""
     prompt, options = policy.tokenize_decision(decision)
     device = policy.peft.get_input_embeddings().weight.device
-    with torch.no_grad(), _only_adapter(policy, decision.agent):
+    with torch.no_grad(), _only_adapter(policy, decision.adapter):
         if policy.scoring == "label":
             logits = policy.peft(input_ids=torch.tensor([prompt], device=device)).logits[0, -1]  # (V,)
             return torch.log_softmax(logits[[o[0] for o in options]].float(), dim=-1)
@@ -615,7 +620,7 @@ def play(games: list[envs.Game], seeds: list[int], library: options_lib.Library,
             decisions.append(Decision(agents[i], prompt, tuple(texts)))
         logps = policy.menu_log_probs(decisions, trunk_cache=trunk_cache) if decisions else []
         for decision, logp in zip(decisions, logps):
-            check_finite(f"a menu log-probability of {decision.agent or 'the frozen base'}", logp)
+            check_finite(f"a menu log-probability of {decision.adapter or 'the frozen base'}", logp)
         for (r, i), menu, decision, logp in zip(pending, menus, decisions, logps):
             choice = sample_choice(logp, temperatures[r], generators[r])
             steps.append(Step(r, i, runners[r].game.t, decision, choice, logp))

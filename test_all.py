@@ -1046,7 +1046,7 @@ def test_policy_small_batch_budget_gives_same_result():
 def test_policy_gradient_step_changes_only_that_agent(scoring):
     policy = make_policy(scoring)
     decisions = decisions_for(policy)
-    by_agent = {agent: [d for d in decisions if d.agent == agent] for agent in ("agent0", "agent1", None)}
+    by_agent = {agent: [d for d in decisions if d.adapter == agent] for agent in ("agent0", "agent1", None)}
     before = {agent: stack(policy.menu_log_probs(ds)) for agent, ds in by_agent.items()}
     agent1_before = [p.detach().clone() for p in policy.agent_parameters("agent1")]
     log_probs = policy.menu_log_probs(by_agent["agent0"] + by_agent["agent1"], grad=True)
@@ -1081,7 +1081,7 @@ def test_policy_trunk_cache_replays_exactly(scoring):
     for a, b in zip(reference, filled + replayed[4:]):
         assert torch.allclose(a, b.detach(), atol=1e-5)
     # the gradient through replayed rows reaches the top-layer adapter of the right agent only
-    sum(lp[0] for lp, d in zip(replayed, decisions) if d.agent == "agent0").backward()
+    sum(lp[0] for lp, d in zip(replayed, decisions) if d.adapter == "agent0").backward()
     assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in policy.agent_parameters("agent0"))
     assert all(p.grad is None or not p.grad.any() for p in policy.agent_parameters("agent1"))
     assert all(isinstance(layer, type(policy.layers[1])) for layer in policy.layers)  # layers restored
@@ -1749,7 +1749,7 @@ def test_decision_start_steps_align_with_the_runners_rewards_in_play():
         assert run.rewards == [reward for _, reward in log] and [t for t, _ in log] == list(range(len(log)))
     straddled, expected = 0, []
     for st in steps:
-        assert st.decision.agent == f"agent{st.agent}"
+        assert st.decision.adapter == f"agent{st.agent}"
         # the option chosen at this decision started at t_d
         assert any(e.agent == st.agent and e.start == st.t for e in runners[st.rollout].executions)
         before = sum(r for t, r in earned[st.rollout] if t < st.t)
@@ -1824,7 +1824,7 @@ def hand_loss(policy: MenuPolicy, steps, agent: str, adv: list[float], old: dict
     Returns (L_i, mean KL, mean entropy, fraction of decisions with |ratio - 1| > eps)."""
     terms, kls, entropies, outside = [], [], [], []
     for k, st in enumerate(steps):
-        if st.decision.agent != agent:
+        if st.decision.adapter != agent:
             continue
         logp = policy.menu_log_probs([st.decision], grad=True)[0]  # (K,) pi_i over the menu
         ratio = torch.exp(logp[st.choice] - old[k][st.choice])
@@ -1899,7 +1899,7 @@ def test_update_gradient_equals_the_hand_computed_loss_gradient(minibatch, epoch
         assert metrics[f"{n}.clip"] == pytest.approx(outside)
         assert metrics[f"{n}.loss"] == pytest.approx(np.mean(losses), rel=1e-3, abs=1e-5)
         assert metrics[f"{n}.grad_norm"] == pytest.approx(np.mean(norms), rel=1e-3)
-        assert metrics[f"{n}.decisions"] == sum(s.decision.agent == n for s in steps)
+        assert metrics[f"{n}.decisions"] == sum(s.decision.adapter == n for s in steps)
     if epochs > 1:
         assert clipped > 0  # the later epochs really moved the ratio outside [1 - eps, 1 + eps]
     else:
@@ -1910,7 +1910,7 @@ def test_kl_and_entropy_terms_by_hand():
     """The KL term is KL(pi_i || pi_base) (not the reverse), added with a plus sign; the entropy is subtracted.
     With zero advantages the update's gradient is the gradient of kl_coef * KL - entropy_coef * H alone."""
     policy = make_policy(rank=4)
-    decisions = [d for d in decisions_for(policy) if d.agent == "agent0"][:2]
+    decisions = [d for d in decisions_for(policy) if d.adapter == "agent0"][:2]
     steps = [policy_lib.Step(0, 0, 0, d, 0, torch.zeros(len(d.menu))) for d in decisions]
     p_agent = [naive_menu_log_probs(policy, d).double() for d in decisions]  # (K,) each
     p_base = [naive_menu_log_probs(policy, Decision(None, d.prompt, d.menu)).double() for d in decisions]

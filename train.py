@@ -406,7 +406,7 @@ def main(argv: list[str] | None = None) -> str:
     model, tokenizer = plumbing.load_backbone(args.model, device, args.dtype)
     if lead:
         plumbing.barrier()
-    names = pamagrpo.agent_names(probe.n_agents)
+    names = policy_lib.agent_names(probe.n_agents)
     policy = policy_lib.MenuPolicy(model, tokenizer, names, lora_rank=args.lora_rank, lora_alpha=args.lora_alpha,
                                    lora_targets=policy_lib.parse_lora_targets(args.lora_targets),
                                    lora_layers=args.lora_layers, scoring=args.scoring, seed=args.seed)
