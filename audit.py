@@ -4,29 +4,26 @@ A rising reward curve may only mean that one agent learned to run the whole task
 This file measures who did the work, from the events each game attributes to the agents that caused them
 (envs.py), over evaluation episodes on fixed seeds, and what each agent is worth counterfactually.
 
-Metrics (`episode_metrics`; pooled over all episodes, so an episode without events never divides by 0):
+Metrics (`episode_metrics`, pooled over all episodes; a ratio whose denominator is 0 is 0):
 - `agentI.progress_share`: agent I's share of task-progress events (`progress_events`): PROGRESS_KINDS (a
   box moved toward the goal or delivered, a food loaded, an onion put in a pot, a soup plated or served),
-  and counter moves only when they pass an item on: a take counts only when it is a hand-off (the taker is
-  not the placer), a place only when the partner is the next to take that item. An agent that puts its own
-  dish down and picks it up again has made no progress. An event caused by two agents counts once for each
-  of them, and shares are
-  normalized by the sum of those per-agent counts, so they sum to 1 over the team (a team whose every
-  event is joint gets 0.5 / 0.5). The joint markers (JOINT_KINDS) are not counted here: each repeats a
-  progress event of the same step. `agentI.reward_share`: the same over REWARD_KINDS only. No events: 0.
-- `agentI.idle_fraction`: the fraction of the episodes' primitive steps agent I spent in `wait` options
-  or in options that ended in failure (timeouts included). Options still running when an episode ends
-  count as busy unless they are `wait`.
+  and counter moves only when they pass an item on (a take that is a hand-off, a place whose item the
+  partner takes next: putting one's own dish down and taking it back is no progress). An event of two
+  agents counts once for each and shares are normalized by the sum of those counts, so they sum to 1 (a
+  team whose every event is joint gets 0.5 / 0.5). JOINT_KINDS markers are not counted: each repeats a
+  progress event of the same step. `agentI.reward_share`: the same over REWARD_KINDS only.
+- `agentI.idle_fraction`: the fraction of primitive steps agent I spent in `wait` options or in options that
+  failed (timeouts included); an option still running at the end counts as busy unless it is a `wait`.
 - `agentI.usage.KIND`: the fraction of agent I's option executions of each option type (by count).
 - `agentI.failure_rate`: failed / finished executions, `wait` excluded (a wait never fails).
 - `joint_events_per_episode`: joint_push, joint_load and handoff events per episode.
-- `overlap_fraction`: the fraction of steps in which two agents run options on the same object at once,
-  i.e. with the same first argument whatever the option type (`goto box 2` and `push box 2 north`).
-- Counterfactual value (`audit_team`): the same seeds re-run with agent I replaced by an idle agent
-  (always `wait`, which still steps aside when next to its partner) and, separately, by a uniformly random
-  agent over its menu (guarded when a menu_filter is given). `agentI.ablation_idle_drop` is the drop of
-  the mean normalized score, `..._drop_rel` that drop divided by the intact team's score (0 when the
-  intact team scores 0). A negative drop means the team does better without that agent.
+- `overlap_fraction`: the fraction of steps in which two agents run options with the same first argument,
+  whatever the option type (`goto box 2` and `push box 2 north`).
+- Counterfactual value (`audit_team`, `audit_llm_team`): the same seeds re-run with agent I replaced by an
+  idle agent (always `wait`, which still steps aside when next to its partner) and, separately, by a
+  uniformly random agent over its (guarded) menu. `agentI.ablation_idle_drop` is the drop of the mean
+  normalized score, `..._drop_rel` that drop over the intact team's score (0 when that is 0). A negative
+  drop means the team does better without that agent.
 
 Summary (`summarize`), checked in this order; agents are numbered from 1 in text, as on the map:
 - "no reward": the intact team scores 0, so there is nothing to lose by removing an agent.
@@ -35,27 +32,41 @@ Summary (`summarize`), checked in this order; agents are numbered from 1 in text
   >= 50%) while removing any other costs < DISPENSABLE_DROP (10%).
 - "redundant": all agents work but removing any one costs < 10%: each could do the task alone.
 - "mixed": anything else.
+Audits are deterministic when the `choose` functions are: each random stand-in draws from a generator
+seeded by (rng_seed, agent, episode seed).
 
-Audits are deterministic when the `choose` functions are: each random stand-in agent draws from a
-generator seeded by (rng_seed, agent, episode seed). Run `python audit.py --reference` for the reference
-table of the scripted teams on every built-in layout, `python audit.py RUN_DIR` to audit a run's snapshots
-over training (greedy; `--temperature 1` audits the sampled teams, whose behaviour can differ: a team may
-score only when sampled), `python audit.py --final RUN_DIR...` for one row per run from the audit train.py
-wrote at its final evaluation; test: `pytest test_all.py -k audit`.
+Run `python audit.py --reference` (the scripted teams on every built-in layout), `RUN_DIR` (a run's frozen
+base and snapshots over training, greedy; `--temperature T` samples the teams, which may score only when
+sampled), `--final RUN_DIR...` (one row per run from train.py's final audit), `--decoupling LABEL=SWEEP...`
+(the decoupling figure), `--margins RUN_DIR` (greedy argmax margins and failed streaks) or `--replay RUN_DIR
+[--episode K]` (redraw a run's replay); `--seeds N`: the first N test start states.
+Test: `pytest test_all.py -k "audit or replay or margins or decoupling"`.
+Needs envs (games, events), options (runner, Task, scripted teams), policy (LLM teams, the lockstep `play`),
+guards (a run's menus) and plumbing (files, errors, CLI, figures); never pamagrpo or train: an audit needs no
+training algorithm.
 """
 
 from __future__ import annotations
 
+import functools
+import io
+import json
 import os
 import re
 from collections.abc import Callable, Sequence
 
 import numpy as np
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+from matplotlib.patches import Circle, Rectangle
+from PIL import Image
 
 import envs
 from envs import Game
-from options import Library, Option, make_library, random_choice, run_episode, run_menu_filter, scripted_choice
+import guards as guard_lib
+from options import Library, Task, make_library, random_choice, run_episode, run_menu_filter, scripted_choice
 import plumbing
+import policy as policy_lib
 
 PROGRESS_KINDS = ("box_toward_goal", "box_delivered", "food_loaded", "onion_in_pot", "soup_plated",
                   "soup_served", "counter_place", "counter_take")  # counter moves: see progress_events
@@ -74,28 +85,24 @@ def team_choose(chooses: Sequence[Choose]) -> Choose:
     return lambda runner, agent, menu: chooses[agent](runner, agent, menu)
 
 
-def idle_choice(runner, agent: int, menu: list[Option]) -> Option:
-    """The idle stand-in of the ablations: always the library's idle option (wait; stay over primitives)."""
-    return runner.library.idle()
-
-
 # ----------------------------------------------------------------------------- metrics from episodes
 
 
-def credit(events: list, n_agents: int, kinds: Sequence[str]) -> list[int]:
-    """How many events of `kinds` each agent took part in (a two-agent event counts once for each)."""
+def shares(events: list, n_agents: int, kinds: Sequence[str]) -> list[float]:
+    """Each agent's share of the events of `kinds` it took part in (a two-agent event counts once for each,
+    and the shares are normalized by the sum of those counts); all 0 without such events."""
     counts = [0] * n_agents
     for _, kind, agents, _ in events:
         if kind in kinds:
             for i in agents:
                 counts[i] += 1
-    return counts
+    total = sum(counts)
+    return [c / total if total else 0.0 for c in counts]
 
 
 def progress_events(events: list) -> list:
-    """One episode's events (t, kind, agents, obj) that moved the task forward: PROGRESS_KINDS, keeping a
-    counter take only when it is a hand-off (a 'handoff' event at that step and cell names the taker) and a
-    counter place only when the next take at that cell is by another agent."""
+    """One episode's events (t, kind, agents, obj) that moved the task forward (module docstring): a counter take
+    is a hand-off when a 'handoff' event at that step and cell names the taker."""
     handoffs = {(t, agents[1], cell) for t, kind, agents, cell in events if kind == "handoff"}
     kept = []
     for n, (t, kind, agents, obj) in enumerate(events):
@@ -112,11 +119,6 @@ def progress_events(events: list) -> list:
     return kept
 
 
-def shares(counts: list[int]) -> list[float]:
-    total = sum(counts)
-    return [c / total if total else 0.0 for c in counts]
-
-
 def overlap_steps(executions: list, n_agents: int, steps: int) -> int:
     """Steps in which two agents run options with the same first argument (the same box, food or pot)."""
     target: list[list] = [[None] * steps for _ in range(n_agents)]  # (agent, step) -> object or None
@@ -129,10 +131,6 @@ def overlap_steps(executions: list, n_agents: int, steps: int) -> int:
         objects = [target[i][t] for i in range(n_agents) if target[i][t] is not None]
         count += len(objects) != len(set(objects))
     return count
-
-
-def is_idle(execution) -> bool:
-    return execution.option.kind == "wait" or execution.success is False
 
 
 def episode_metrics(episodes: list, n_agents: int, kinds: Sequence[str]) -> dict:
@@ -151,14 +149,15 @@ def episode_metrics(episodes: list, n_agents: int, kinds: Sequence[str]) -> dict
                "joint_events_per_episode": sum(e[1] in JOINT_KINDS for e in events) / n,
                "overlap_fraction": sum(overlap_steps(ep.executions, n_agents, ep.steps) for ep in episodes)
                / max(steps, 1)}
-    progress = shares(credit(progress_list, n_agents, PROGRESS_KINDS))
-    reward = shares(credit(events, n_agents, REWARD_KINDS))
+    progress = shares(progress_list, n_agents, PROGRESS_KINDS)
+    reward = shares(events, n_agents, REWARD_KINDS)
     for i in range(n_agents):
         mine = [x for x in runs if x.agent == i]
         finished = [x for x in mine if x.option.kind != "wait" and x.success is not None]
         m[f"agent{i}.progress_share"] = progress[i]
         m[f"agent{i}.reward_share"] = reward[i]
-        m[f"agent{i}.idle_fraction"] = sum(x.duration for x in mine if is_idle(x)) / max(steps, 1)
+        idle = [x for x in mine if x.option.kind == "wait" or x.success is False]
+        m[f"agent{i}.idle_fraction"] = sum(x.duration for x in idle) / max(steps, 1)
         m[f"agent{i}.failure_rate"] = sum(x.success is False for x in finished) / max(len(finished), 1)
         for kind in kinds:
             m[f"agent{i}.usage.{kind}"] = sum(x.option.kind == kind for x in mine) / max(len(mine), 1)
@@ -204,29 +203,16 @@ def summarize(metrics: dict, n_agents: int) -> str:
 
 
 def stand_in(name: str, agent: int, seed: int, rng_seed: int) -> Choose:
-    """The agent put in an ablated agent's place: 'idle' (always wait) or 'random' (uniform over its
-    menu, with a generator seeded by (rng_seed, agent, episode seed))."""
+    """The agent put in an ablated agent's place: 'idle' (always the library's idle option: wait, or stay over
+    primitives) or 'random' (uniform over its menu, with a generator seeded by (rng_seed, agent, episode seed))."""
     if name == "idle":
-        return idle_choice
+        return lambda runner, agent, menu: runner.library.idle()
     return random_choice(np.random.default_rng([rng_seed, agent, seed]))
 
 
-def ablated_score(game: Game, library: Library, chooses: Sequence[Choose], seeds: Sequence[int], menu_filter,
-                  agent: int, name: str, rng_seed: int) -> float:
-    """Mean score on `seeds` with `agent` replaced by the stand-in `name`."""
-    scores = []
-    for seed in seeds:
-        team = list(chooses)
-        team[agent] = stand_in(name, agent, seed, rng_seed)
-        scores.append(run_episode(game, library, team_choose(team), seed, menu_filter).score)
-    return float(np.mean(scores))
-
-
 def audit_with(play_team: Callable[[dict], list], n_agents: int, kinds: Sequence[str]) -> dict:
-    """Metrics, the two ablations of every agent, and the summary (flat dict).
-
-    play_team(stand_ins) plays the evaluation seeds with agent i replaced by stand_ins[i] ('idle' or
-    'random'; {} = the intact team) and returns the episodes."""
+    """Metrics, the two ablations of every agent, and the summary (flat dict). play_team(stand_ins) plays the
+    evaluation seeds with agent i replaced by stand_ins[i] ('idle' or 'random'; {}: the intact team)."""
     m = episode_metrics(play_team({}), n_agents, kinds)
     for i in range(n_agents):
         for name in ("idle", "random"):
@@ -257,34 +243,30 @@ def audit_team(game: Game, library: Library, chooses: Sequence[Choose], seeds: S
     return audit_with(play_team, game.n_agents, library.kinds)
 
 
-def audit_llm_team(policy, game_factory, library: Library, agents: list, seeds: Sequence[int], menu_filter=None,
+def audit_llm_team(policy: policy_lib.MenuPolicy, task: Task, agents: list[str | None], seeds: Sequence[int],
                    rng_seed: int = 0, temperature: float = 0.0, intact: list | None = None) -> dict:
-    """audit_with for LLM agents (adapter names, or None for the frozen base), played greedily (temperature
-    0) or sampled at `temperature` from generators seeded by (rng_seed, episode seed), with every episode's
-    decisions batched (policy_lib.play); stand-ins replace agents as in audit_team. intact: the intact team's
-    episodes on these seeds when already played (train.py's final evaluation), so they are not played again."""
-    import policy as policy_lib
-
+    """audit_with for LLM agents (adapter names, or None for the frozen base) batched through policy_lib.play:
+    greedy, or sampled at `temperature` with generators seeded by (rng_seed, episode seed). intact: the intact
+    team's episodes on these seeds when already played (train.py's final evaluation), so they are reused."""
     seeds = list(seeds)
-
     if intact is not None and len(intact) != len(seeds):
         raise ValueError(f"intact: expected the episodes of the {len(seeds)} audited seeds, in order")
 
     def play_team(stand_ins: dict) -> list:
         if not stand_ins and intact is not None:
             return intact
-        team = []
-        for i, a in enumerate(agents):
-            if i in stand_ins:  # one stand-in (and generator) per episode seed, as in audit_team
-                per_seed = {s: stand_in(stand_ins[i], i, s, rng_seed) for s in seeds}
-                a = lambda runner, agent, menu, per_seed=per_seed: per_seed[runner.game.seed](runner, agent, menu)  # noqa: E731
-            team.append(a)
+        team: list = list(agents)
+        for i, name in stand_ins.items():  # one stand-in (and generator) per episode seed, as in audit_team
+            per_seed = {s: stand_in(name, i, s, rng_seed) for s in seeds}
+            team[i] = lambda runner, agent, menu, per_seed=per_seed: per_seed[runner.game.seed](runner, agent, menu)
         gens = [policy_lib.sampling_generator(rng_seed, policy_lib.EVAL_ITERATION, s, 0) for s in seeds]
-        games = [game_factory() for _ in seeds]
-        runners, _ = policy_lib.play(games, seeds, library, menu_filter, policy, team, temperature, gens)
+        runners, _ = policy_lib.play(task, seeds, policy, team, temperature, gens)
         return policy_lib.episodes(runners)
 
-    return audit_with(play_team, len(agents), library.kinds)
+    return audit_with(play_team, len(agents), task.library.kinds)
+
+
+# ----------------------------------------------------------------------------- replays
 
 
 def replay(game: Game, library: Library, chooses: Sequence[Choose], seed: int, menu_filter=None,
@@ -330,24 +312,16 @@ CELL_LABELS = {"b": "box", "H": "heavy", "f": "food", "O": "onion", "D": "dish",
                "R": "soup", "S": "serve", "o": "onion", "d": "dish", "s": "soup"}
 
 
-def replay_gif(steps: list[tuple[str, list[str], dict]], path: str, title: str,
-               ms_per_frame: int = 350) -> None:
+def replay_gif(steps: list[tuple[str, list[str], dict]], path: str, title: str) -> None:
     """An animated GIF of a recorded episode: the grid (every game's render() characters as coloured cells,
     agents as numbered discs, objects named as the options name them: Game.labels()), each agent's current
     option as a caption, and the step, reward and score."""
-    import io
-
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    from PIL import Image
-
     images = []
     for frame, doing, labels in steps:
         *grid, status = frame.split("\n")
         rows, cols = len(grid), len(grid[0])
-        fig = plt.figure(figsize=(max(3.2, 0.45 * cols + 0.6), 0.45 * rows + 1.5), dpi=80)
+        fig = Figure(figsize=(max(3.2, 0.45 * cols + 0.6), 0.45 * rows + 1.5), dpi=80)
+        FigureCanvasAgg(fig)  # render with Agg, without touching pyplot's global state
         ax = fig.add_axes((0.02, 0.34, 0.96, 0.58))
         ax.set_xlim(0, cols)
         ax.set_ylim(rows, 0)
@@ -356,9 +330,9 @@ def replay_gif(steps: list[tuple[str, list[str], dict]], path: str, title: str,
         for r, line in enumerate(grid):
             for c, ch in enumerate(line):
                 colour = CELL_COLOURS.get("." if ch.isdigit() else ch, "#ffffff")
-                ax.add_patch(plt.Rectangle((c, r), 1, 1, facecolor=colour, edgecolor="#dddddd", linewidth=0.5))
+                ax.add_patch(Rectangle((c, r), 1, 1, facecolor=colour, edgecolor="#dddddd", linewidth=0.5))
                 if ch.isdigit():
-                    ax.add_patch(plt.Circle((c + 0.5, r + 0.5), 0.38, color=AGENT_COLOURS[(int(ch) - 1) % 4]))
+                    ax.add_patch(Circle((c + 0.5, r + 0.5), 0.38, color=AGENT_COLOURS[(int(ch) - 1) % 4]))
                     ax.text(c + 0.5, r + 0.52, ch, ha="center", va="center", color="white", fontsize=9,
                             fontweight="bold")
                 elif r * cols + c in labels or ch in CELL_LABELS:
@@ -372,11 +346,18 @@ def replay_gif(steps: list[tuple[str, list[str], dict]], path: str, title: str,
                      color=AGENT_COLOURS[i % 4])
         fig.canvas.draw()
         images.append(Image.frombuffer("RGBA", fig.canvas.get_width_height(), fig.canvas.buffer_rgba()).convert("P"))
-        plt.close(fig)
     buffer = io.BytesIO()
-    images[0].save(buffer, format="GIF", save_all=True, append_images=images[1:], duration=ms_per_frame,
-                   loop=0)
+    images[0].save(buffer, format="GIF", save_all=True, append_images=images[1:], duration=350, loop=0)  # ms a frame
     plumbing.write_file(path, buffer.getvalue())
+
+
+def write_replay(run_dir: str, policy: policy_lib.MenuPolicy, task: Task, seed: int, stem: str = "replay") -> str:
+    """The loaded adapters' greedy episode from start state `seed`: RUN/{stem}.txt and the same episode as
+    RUN/{stem}.gif (train.py's final audit; `audit.py --replay`)."""
+    text = replay(task.new_game(), task.library, [policy_lib.llm_choose(policy, n) for n in policy.agents], seed,
+                  task.menu_filter, gif=os.path.join(run_dir, f"{stem}.gif"))
+    plumbing.write_file(os.path.join(run_dir, f"{stem}.txt"), text + "\n")
+    return text
 
 
 # ----------------------------------------------------------------------------- reports
@@ -421,25 +402,18 @@ def table(rows: list[dict], columns: Sequence[str] | None = None) -> str:
     return "\n".join(lines)
 
 
-def plot_over_training(records: list[dict], path: str, prefix: str = "") -> None:
-    """PNG: score (top) and cooperation measures (bottom) over training iterations.
-
-    records: one dict per iteration with `iteration` and audit keys (named `prefix + key`, e.g.
-    prefix "eval." for "eval.score"); records without `prefix + "score"` are skipped."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    rows = [r for r in records if prefix + "score" in r]
-    x = [r.get("iteration", k) for k, r in enumerate(rows)]
+def plot_over_training(rows: list[dict], path: str) -> None:
+    """PNG: score (top) and cooperation measures (bottom) over training; rows: audit rows with `iteration`."""
+    x = [r["iteration"] for r in rows]
     fig = Figure(figsize=(7, 6))
     FigureCanvasAgg(fig)  # render with Agg, without touching pyplot's global state
     top, bottom = fig.subplots(2, 1, sharex=True)
-    top.plot(x, [r[prefix + "score"] for r in rows], marker="o")
+    top.plot(x, [r["score"] for r in rows], marker="o")
     top.set_ylabel("normalized score")
     top.set_ylim(-0.05, 1.05)
     top.set_title("reward is not cooperation")
-    bottom.plot(x, [r[prefix + "min_progress_share"] for r in rows], marker="o", label="min progress share")
-    bottom.plot(x, [r[prefix + "min_ablation_idle_drop_rel"] for r in rows], marker="s",
+    bottom.plot(x, [r["min_progress_share"] for r in rows], marker="o", label="min progress share")
+    bottom.plot(x, [r["min_ablation_idle_drop_rel"] for r in rows], marker="s",
                 label="min drop when an agent idles (relative)")
     bottom.axhline(1 - SOLO_SHARE, color="gray", linestyle=":", linewidth=1)  # below: solo by share
     bottom.axhline(NECESSARY_DROP, color="gray", linestyle="--", linewidth=1)  # above: interdependent
@@ -450,144 +424,8 @@ def plot_over_training(records: list[dict], path: str, prefix: str = "") -> None
     plumbing.save_figure(fig, path, dpi=100)
 
 
-def load_run(run_dir: str, model: str | None = None, device: str | None = None):
-    """(config, game_factory, library, menu_filter or None, policy) of a train.py run folder: the menus the run
-    trained on (its guards, and options.drop_arrived with --arrived drop)."""
-    import json
-
-    import guards as guard_lib
-    import policy as policy_lib
-
-    path = os.path.join(run_dir, "config.json")
-    try:
-        config = json.loads(plumbing.read_text(path, "a run folder of train.py"))
-    except (plumbing.InputError, json.JSONDecodeError) as e:
-        raise plumbing.InputError(f"{run_dir}: no readable config.json ({plumbing.one_line(e)}); expected a run folder of "
-                              "train.py") from None
-    needed = ("game", "layout", "action_mode", "device", "dtype", "model", "lora_rank", "lora_alpha", "lora_targets",
-              "scoring", "seed")
-    if not isinstance(config, dict) or any(k not in config for k in needed):
-        raise plumbing.InputError(f"{path} is not a config of train.py (it needs {', '.join(needed)})")
-    probe = envs.make_game(config["game"], config["layout"], 0)
-    library = make_library(probe, config["action_mode"], config.get("feedback", "none") == "failures")
-    guards = guard_lib.load_guards(os.path.join(run_dir, "guards.json"), probe, library) \
-        if config["action_mode"] == "options" else None
-    menu_filter = run_menu_filter(library, guards.menu_filter if guards else None, config.get("arrived", "keep"))
-    device = device or config["device"]  # a run trained on a GPU can be audited on the CPU (--device cpu)
-    dtype = config["dtype"] if device.startswith("cuda") == config["device"].startswith("cuda") else "auto"
-    backbone, tokenizer = plumbing.load_backbone(model or config["model"], device, dtype)
-    names = [f"agent{i}" for i in range(probe.n_agents)]
-    policy = policy_lib.MenuPolicy(backbone, tokenizer, names, lora_rank=config["lora_rank"],
-                                   lora_alpha=config["lora_alpha"],
-                                   lora_targets=policy_lib.parse_lora_targets(config["lora_targets"]),
-                                   lora_layers=config.get("lora_layers", 0), scoring=config["scoring"],
-                                   seed=config["seed"])
-
-    def game_factory() -> Game:
-        return envs.make_game(config["game"], config["layout"], 0)
-
-    return config, game_factory, library, menu_filter, policy
-
-
-def margins_report(run_dir: str, episodes: int, device: str | None = None) -> list[dict]:
-    """greedy_margins of a run's final adapters on its first `episodes` test start states: RUN/margins.jsonl (one
-    row per decision) and RUN/margins.md (one row per episode), and the per-episode table printed."""
-    import json
-
-    config, game_factory, library, menu_filter, policy = load_run(run_dir, device=device)
-    policy.load_adapters(os.path.join(run_dir, "adapters"))
-    seeds = envs.split_seeds(game_factory(), "test", episodes)
-    names = [f"agent{i}" for i in range(game_factory().n_agents)]
-    rows = greedy_margins(policy, game_factory, library, names, seeds, menu_filter)
-    summary = margins_summary(rows)
-    plumbing.write_file(os.path.join(run_dir, "margins.jsonl"), "".join(json.dumps(r) + "\n" for r in rows))
-    text = (f"# Greedy decisions of {run_dir} ({config['game']}/{config['layout']}, final adapters, "
-            f"{len(seeds)} test start states)\n\n{table(summary, list(summary[0]))}\n")
-    plumbing.write_file(os.path.join(run_dir, "margins.md"), text)
-    print(text)
-    return rows
-
-
-def write_replay(run_dir: str, policy, game_factory, library: Library, names: list, seed: int,
-                 menu_filter=None, stem: str = "replay") -> str:
-    """The loaded adapters' greedy episode from start state `seed`: RUN/{stem}.txt and the same episode as
-    RUN/{stem}.gif (train.py's final audit; `audit.py --replay`)."""
-    import policy as policy_lib
-
-    text = replay(game_factory(), library, [policy_lib.llm_choose(policy, n) for n in names], seed, menu_filter,
-                  gif=os.path.join(run_dir, f"{stem}.gif"))
-    plumbing.write_file(os.path.join(run_dir, f"{stem}.txt"), text + "\n")
-    return text
-
-
-def replay_run(run_dir: str, device: str | None = None, episode: int = 1) -> str:
-    """Redraw a run's replay (e.g. after the renderer changed): its final adapters on its `episode`-th test
-    start state. Episode 1 is the one train.py's final audit plays (replay.txt/gif); another K is written to
-    replay_testK.txt/gif beside it."""
-    config, game_factory, library, menu_filter, policy = load_run(run_dir, device=device)
-    game = game_factory()
-    seeds = envs.split_seeds(game, "test", episode)
-    if len(seeds) < episode:
-        raise plumbing.InputError(f"--episode {episode}: {config['game']}/{config['layout']} has only {len(seeds)} "
-                              f"distinct test start states; expected 1..{len(seeds)}")
-    policy.load_adapters(os.path.join(run_dir, "adapters"))
-    names = [f"agent{i}" for i in range(game.n_agents)]
-    text = write_replay(run_dir, policy, game_factory, library, names, seeds[episode - 1],
-                        menu_filter, "replay" if episode == 1 else f"replay_test{episode}")
-    print(text)
-    return text
-
-
-def audit_run(run_dir: str, episodes: int, temperature: float = 0.0, device: str | None = None) -> list[dict]:
-    """Audit the frozen base and every adapter snapshot of a run (reward and cooperation over training) on
-    the first `episodes` distinct test start states (envs.split_seeds: never trained on, the same states
-    train.py's final evaluation uses); writes audit.jsonl, audit.md (table + one greedy replay) and audit.png
-    into the run folder, or audit_T{temperature}.* when the teams are sampled, so a greedy audit already there
-    is kept."""
-    import json
-
-    import policy as policy_lib
-
-    config, game_factory, library, menu_filter, policy = load_run(run_dir, device=device)
-    seeds = envs.split_seeds(game_factory(), "test", episodes)
-    if len(seeds) < episodes:
-        print(f"note: {config['game']}/{config['layout']} has only {len(seeds)} distinct test start states "
-              f"(asked for {episodes}); using all {len(seeds)}")
-    names = [f"agent{i}" for i in range(game_factory().n_agents)]
-    snap_dir = os.path.join(run_dir, "snapshots")
-    found = os.listdir(snap_dir) if os.path.isdir(snap_dir) else []
-    snapshots = sorted(n for n in found if re.fullmatch(r"iter_\d+", n))  # stray files are not snapshots
-    rows = [{"iteration": 0, "team": "frozen base", "temperature": temperature,
-             **audit_llm_team(policy, game_factory, library, [None] * len(names), seeds, menu_filter,
-                              temperature=temperature)}]
-    print(table(rows[-1:]), flush=True)
-    for snap in snapshots:
-        policy.load_adapters(os.path.join(snap_dir, snap))
-        rows.append({"iteration": int(snap.split("_")[-1]), "team": f"adapters {snap}", "temperature": temperature,
-                     **audit_llm_team(policy, game_factory, library, names, seeds, menu_filter,
-                                      temperature=temperature)})
-        print(table(rows[-1:]), flush=True)
-    stem = os.path.join(run_dir, "audit" if temperature <= 0 else f"audit_T{temperature:g}")
-    plumbing.write_file(stem + ".jsonl", "".join(json.dumps(r) + "\n" for r in rows))
-    columns = ["iteration", "team"] + default_columns(len(names))
-    played = "greedy" if temperature <= 0 else f"sampled at temperature {temperature:g}"
-    text = [f"# Audit of {run_dir} ({config['game']}/{config['layout']}, {len(seeds)} distinct test start states, "
-            f"{played})", "",
-            table(rows, columns), ""]
-    if snapshots:
-        chooses = [policy_lib.llm_choose(policy, n) for n in names]  # the last snapshot is still loaded
-        text += ["## Replay (last snapshot, greedy)", "", "```",
-                 replay(game_factory(), library, chooses, list(seeds)[0], menu_filter, gif=stem + "_replay.gif"),
-                 "```", f"Animated: `{os.path.basename(stem)}_replay.gif`.", ""]
-    plumbing.write_file(stem + ".md", "\n".join(text))
-    plot_over_training(rows, stem + ".png")
-    return rows
-
-
 def read_sweep_audits(sweep: str) -> list[list[dict]]:
     """Each finished seed's audit over training (SWEEP/seedK/audit.jsonl, written by `audit.py SWEEP/seedK`)."""
-    import json
-
     runs = sorted(d for d in os.listdir(sweep) if re.fullmatch(r"seed\d+", d)) if os.path.isdir(sweep) else []
     audits = []
     for run in runs:
@@ -597,36 +435,33 @@ def read_sweep_audits(sweep: str) -> list[list[dict]]:
                 audits.append([json.loads(line) for line in plumbing.read_text(path, "audit.py's audit.jsonl")
                                .splitlines() if line.strip()])
             except json.JSONDecodeError as e:
-                raise plumbing.InputError(f"{path} is not JSON lines ({e.msg}); expected audit.py's audit.jsonl") from None
+                raise plumbing.InputError(f"{path} is not JSON lines ({e.msg}); expected audit.py's "
+                                          "audit.jsonl") from None
     if not audits:
         raise plumbing.InputError(f"{sweep}: no seedK/audit.jsonl; expected a sweep folder of train.py whose runs were "
-                              "audited over training (python audit.py SWEEP/seedK)")
+                                  "audited over training (python audit.py SWEEP/seedK)")
     return audits
 
 
 def plot_decoupling(sweeps: dict[str, str], path: str) -> None:
-    """The decoupling figure: for each sweep (a solo-possible and a cooperation-necessary layout of one game),
-    over training: the team's greedy score, the progress share of the agent who does more and of the one who
-    does less, and the relative score drop when that agent idles; the mean over seeds with a 95% bootstrap
-    band. Agents are ranked per seed by their final progress share (which agent ends up the worker varies)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(3, len(sweeps), figsize=(4.2 * len(sweeps), 7.5), sharex="col", squeeze=False)
+    """The decoupling figure: per sweep (e.g. a solo-possible and a cooperation-necessary layout), over training,
+    the greedy team score and, for the agent doing more and the one doing less (ranked per seed by final
+    progress share), its progress share and the relative score drop when it idles; seed means, 95% bands."""
+    fig = Figure(figsize=(4.2 * len(sweeps), 7.5))
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(3, len(sweeps), sharex="col", squeeze=False)
     for col, (label, sweep) in enumerate(sweeps.items()):
         audits = read_sweep_audits(sweep)
         common = sorted(set.intersection(*[{r["iteration"] for r in a} for a in audits]))
         rows = [[next(r for r in a if r["iteration"] == it) for it in common] for a in audits]  # (seeds, points)
         n_agents = sum(k.endswith(".progress_share") and k.startswith("agent") for k in rows[0][0])
         panels = [("score", {"team score": [[r["score"] for r in seed] for seed in rows]})]
-        shares, drops = {}, {}
+        by_share, drops = {}, {}
         for rank, name in ((0, "agent doing more"), (n_agents - 1, "agent doing less")):
             order = [sorted(range(n_agents), key=lambda i: -seed[-1][f"agent{i}.progress_share"]) for seed in rows]
-            shares[name] = [[r[f"agent{o[rank]}.progress_share"] for r in seed] for seed, o in zip(rows, order)]
+            by_share[name] = [[r[f"agent{o[rank]}.progress_share"] for r in seed] for seed, o in zip(rows, order)]
             drops[name] = [[r[f"agent{o[rank]}.ablation_idle_drop_rel"] for r in seed] for seed, o in zip(rows, order)]
-        panels += [("progress share", shares), ("score drop when it idles (relative)", drops)]
+        panels += [("progress share", by_share), ("score drop when it idles (relative)", drops)]
         for row, (ylabel, series) in enumerate(panels):
             ax = axes[row][col]
             for k, (name, values) in enumerate(series.items()):
@@ -643,18 +478,13 @@ def plot_decoupling(sweeps: dict[str, str], path: str) -> None:
     plumbing.save_figure(fig, path, dpi=100)
 
 
-def greedy_margins(policy, game_factory, library: Library, agents: list, seeds: Sequence[int],
-                   menu_filter=None) -> list[dict]:
+def greedy_margins(policy: policy_lib.MenuPolicy, task: Task, seeds: Sequence[int]) -> list[dict]:
     """Why greedy play can fail where sampled play succeeds: every decision of greedy episodes on `seeds`, with
-    the menu's entropy, the argmax margin (log-prob of the chosen option minus the runner-up's), the chosen
-    option and whether it succeeded, and the decision's streak: how many times in a row this agent has chosen
-    this option and seen it fail (a loop that greedy play cannot leave, while sampling would)."""
-    import policy as policy_lib
-
+    the menu's entropy, the argmax margin, the chosen option, whether it failed, and its failed streak: how many
+    times in a row this agent chose this option and saw it fail (a loop greedy play cannot leave)."""
     seeds = list(seeds)
     gens = [policy_lib.sampling_generator(0, policy_lib.EVAL_ITERATION, s, 0) for s in seeds]
-    runners, steps = policy_lib.play([game_factory() for _ in seeds], seeds, library, menu_filter, policy, agents,
-                                     0.0, gens)
+    runners, steps = policy_lib.play(task, seeds, policy, policy.agents, 0.0, gens)
     outcome = {(r, x.agent, x.start): x for r, run in enumerate(runners) for x in run.executions}
     streak: dict[tuple[int, int], tuple[str, int]] = {}
     rows = []
@@ -674,7 +504,7 @@ def greedy_margins(policy, game_factory, library: Library, agents: list, seeds: 
 
 
 def argmax_margin(logp) -> float:
-    """The largest log-probability minus the second largest (inf for a one-option menu)."""
+    """The chosen option's log-probability minus the runner-up's (inf for a one-option menu)."""
     if len(logp) < 2:
         return float("inf")
     first, second = logp.topk(2).values.tolist()
@@ -698,11 +528,105 @@ def margins_summary(rows: list[dict]) -> list[dict]:
     return out
 
 
+def load_run(run_dir: str, device: str | None = None) -> tuple[dict, Task, policy_lib.MenuPolicy]:
+    """(config, task, policy) of a train.py run folder: the menus the run trained on (its guards, and
+    options.drop_arrived with --arrived drop) and its policy, whose adapters are still to be loaded."""
+    path = os.path.join(run_dir, "config.json")
+    try:
+        config = json.loads(plumbing.read_text(path, "a run folder of train.py"))
+    except (plumbing.InputError, json.JSONDecodeError) as e:
+        raise plumbing.InputError(f"{run_dir}: no readable config.json ({plumbing.one_line(e)}); expected a run folder "
+                                  "of train.py") from None
+    needed = ("game", "layout", "action_mode", "device", "dtype", "model", "lora_rank", "lora_alpha", "lora_targets",
+              "scoring", "seed")
+    if not isinstance(config, dict) or any(k not in config for k in needed):
+        raise plumbing.InputError(f"{path} is not a config of train.py (it needs {', '.join(needed)})")
+    probe = envs.make_game(config["game"], config["layout"], 0)
+    library = make_library(probe, config["action_mode"], config.get("feedback", "none") == "failures")
+    guards = guard_lib.load_guards(os.path.join(run_dir, "guards.json"), probe, library) \
+        if config["action_mode"] == "options" else None
+    menu_filter = run_menu_filter(library, guards.menu_filter if guards else None, config.get("arrived", "keep"))
+    device = device or config["device"]  # a run trained on a GPU can be audited on the CPU (--device cpu)
+    dtype = config["dtype"] if device.startswith("cuda") == config["device"].startswith("cuda") else "auto"
+    backbone, tokenizer = plumbing.load_backbone(config["model"], device, dtype)
+    lora = policy_lib.LoRA(rank=config["lora_rank"], alpha=config["lora_alpha"],
+                           targets=policy_lib.parse_lora_targets(config["lora_targets"]),
+                           layers=config.get("lora_layers", 0))
+    policy = policy_lib.MenuPolicy(backbone, tokenizer, policy_lib.agent_names(probe.n_agents), lora,
+                                   scoring=config["scoring"], seed=config["seed"])
+    task = Task(functools.partial(envs.make_game, config["game"], config["layout"], 0), library, menu_filter)
+    return config, task, policy
+
+
+def audit_run(run_dir: str, episodes: int, temperature: float = 0.0, device: str | None = None) -> list[dict]:
+    """Audit a run's frozen base and every adapter snapshot on its first `episodes` test start states (the
+    ones train.py's final evaluation uses): RUN/audit.jsonl, audit.md (table and a greedy replay) and audit.png,
+    or audit_T{temperature}.* for sampled teams, beside a greedy audit already there."""
+    config, task, policy = load_run(run_dir, device)
+    seeds = envs.split_seeds(task.new_game(), "test", episodes)
+    if len(seeds) < episodes:
+        print(f"note: {config['game']}/{config['layout']} has only {len(seeds)} distinct test start states "
+              f"(asked for {episodes}); using all {len(seeds)}")
+    snap_dir = os.path.join(run_dir, "snapshots")
+    found = os.listdir(snap_dir) if os.path.isdir(snap_dir) else []
+    snapshots = sorted(n for n in found if re.fullmatch(r"iter_\d+", n))  # stray files are not snapshots
+    rows = [{"iteration": 0, "team": "frozen base", "temperature": temperature,
+             **audit_llm_team(policy, task, [None] * len(policy.agents), seeds, temperature=temperature)}]
+    print(table(rows[-1:]), flush=True)
+    for snap in snapshots:
+        policy.load_adapters(os.path.join(snap_dir, snap))
+        rows.append({"iteration": int(snap.split("_")[-1]), "team": f"adapters {snap}", "temperature": temperature,
+                     **audit_llm_team(policy, task, policy.agents, seeds, temperature=temperature)})
+        print(table(rows[-1:]), flush=True)
+    stem = os.path.join(run_dir, "audit" if temperature <= 0 else f"audit_T{temperature:g}")
+    plumbing.write_file(stem + ".jsonl", "".join(json.dumps(r) + "\n" for r in rows))
+    played = "greedy" if temperature <= 0 else f"sampled at temperature {temperature:g}"
+    text = [f"# Audit of {run_dir} ({config['game']}/{config['layout']}, {len(seeds)} distinct test start states, "
+            f"{played})", "", table(rows, ["iteration", "team"] + default_columns(len(policy.agents))), ""]
+    if snapshots:
+        chooses = [policy_lib.llm_choose(policy, n) for n in policy.agents]  # the last snapshot is loaded
+        text += ["## Replay (last snapshot, greedy)", "", "```",
+                 replay(task.new_game(), task.library, chooses, seeds[0], task.menu_filter, gif=stem + "_replay.gif"),
+                 "```", f"Animated: `{os.path.basename(stem)}_replay.gif`.", ""]
+    plumbing.write_file(stem + ".md", "\n".join(text))
+    plot_over_training(rows, stem + ".png")
+    return rows
+
+
+def margins_report(run_dir: str, episodes: int, device: str | None = None) -> list[dict]:
+    """greedy_margins of a run's final adapters on its first `episodes` test start states: RUN/margins.jsonl (one
+    row per decision) and RUN/margins.md (one row per episode), and the per-episode table printed."""
+    config, task, policy = load_run(run_dir, device)
+    policy.load_adapters(os.path.join(run_dir, "adapters"))
+    seeds = envs.split_seeds(task.new_game(), "test", episodes)
+    rows = greedy_margins(policy, task, seeds)
+    summary = margins_summary(rows)
+    plumbing.write_file(os.path.join(run_dir, "margins.jsonl"), "".join(json.dumps(r) + "\n" for r in rows))
+    text = (f"# Greedy decisions of {run_dir} ({config['game']}/{config['layout']}, final adapters, "
+            f"{len(seeds)} test start states)\n\n{table(summary, list(summary[0]))}\n")
+    plumbing.write_file(os.path.join(run_dir, "margins.md"), text)
+    print(text)
+    return rows
+
+
+def replay_run(run_dir: str, device: str | None = None, episode: int = 1) -> str:
+    """Redraw a run's replay with its final adapters on its `episode`-th test start state: episode 1 is the one
+    train.py's final audit plays (replay.txt/gif), another K is written to replay_testK.txt/gif beside it."""
+    config, task, policy = load_run(run_dir, device)
+    seeds = envs.split_seeds(task.new_game(), "test", episode)
+    if len(seeds) < episode:
+        raise plumbing.InputError(f"--episode {episode}: {config['game']}/{config['layout']} has only {len(seeds)} "
+                                  f"distinct test start states; expected 1..{len(seeds)}")
+    policy.load_adapters(os.path.join(run_dir, "adapters"))
+    stem = "replay" if episode == 1 else f"replay_test{episode}"
+    text = write_replay(run_dir, policy, task, seeds[episode - 1], stem)
+    print(text)
+    return text
+
+
 def final_audit_rows(run_dirs: Sequence[str]) -> list[dict]:
     """One row per train.py run folder from the audit it wrote at its final evaluation (audit_final.json),
     with the run's game, layout, model, advantage mode and whether the layout can be solved alone."""
-    import json
-
     rows = []
     for run_dir in run_dirs:
         try:
@@ -711,8 +635,9 @@ def final_audit_rows(run_dirs: Sequence[str]) -> list[dict]:
             with open(os.path.join(run_dir, "audit_final.json")) as f:
                 row = json.load(f)
         except (OSError, json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise plumbing.InputError(f"{run_dir}: no readable config.json and audit_final.json ({plumbing.one_line(e)}); "
-                                  "expected a run folder of train.py with --audit-episodes > 0") from None
+            raise plumbing.InputError(f"{run_dir}: no readable config.json and audit_final.json "
+                                      f"({plumbing.one_line(e)}); expected a run folder of train.py with "
+                                      "--audit-episodes > 0") from None
         if not isinstance(config, dict) or config.get("game") not in envs.GAMES or not isinstance(row, dict):
             raise plumbing.InputError(f"{run_dir}: config.json or audit_final.json is not what train.py writes")
         cls = envs.GAMES[config["game"]]
@@ -723,7 +648,7 @@ def final_audit_rows(run_dirs: Sequence[str]) -> list[dict]:
 
 def main(argv: Sequence[str] | None = None) -> None:
     parser = plumbing.ArgumentParser(description="Behavioral audits: who does the work, and what each agent "
-                                             "is worth counterfactually.")
+                                                 "is worth counterfactually.")
     parser.add_argument("--reference", action="store_true",
                         help="audit the scripted coop and solo teams on every built-in layout")
     parser.add_argument("--final", nargs="+", metavar="RUN_DIR",
@@ -749,31 +674,28 @@ def main(argv: Sequence[str] | None = None) -> None:
         raise plumbing.InputError(f"--episode {cli.episode} applies to --replay RUN_DIR only")
     if sum(map(bool, (cli.run_dir, cli.final, cli.reference, cli.decoupling, cli.margins, cli.replay))) > 1:
         raise plumbing.InputError("RUN_DIR, --final, --reference, --decoupling, --margins and --replay are different "
-                              "audits; expected one of them")
+                                  "audits; expected one of them")
     for flag, finished in (("--margins", cli.margins), ("--replay", cli.replay)):
         if finished and not os.path.isdir(os.path.join(finished, "adapters")):
             raise plumbing.InputError(f"{flag} {finished}: no adapters/ folder; expected a finished run folder of "
-                                  "train.py")
+                                      "train.py")
     if cli.device is not None:
         plumbing.check_device(cli.device)
     if cli.margins:
         margins_report(cli.margins, cli.seeds, cli.device)
-        return
-    if cli.replay:
+    elif cli.replay:
         replay_run(cli.replay, cli.device, cli.episode or 1)
-        return
-    if cli.decoupling:
+    elif cli.decoupling:
         pairs = [item.partition("=") for item in cli.decoupling]
         if any(not label or not sep or not sweep for label, sep, sweep in pairs):
             raise plumbing.InputError(f"--decoupling {' '.join(cli.decoupling)}: expected LABEL=SWEEP_FOLDER items")
         plumbing.check_output_file(cli.figure, "--figure")
         plot_decoupling({label: sweep for label, _, sweep in pairs}, cli.figure)
         print(f"wrote {cli.figure}")
-        return
-    if cli.temperature > 0 and not cli.run_dir:
+    elif cli.temperature > 0 and not cli.run_dir:
         raise plumbing.InputError("--temperature applies to a RUN_DIR audit only (--final reads saved greedy audits, "
-                              "--reference plays scripted teams)")
-    if cli.run_dir:
+                                  "--reference plays scripted teams)")
+    elif cli.run_dir:
         if not os.path.isdir(cli.run_dir):
             raise plumbing.InputError(f"{cli.run_dir}: not a folder; expected a run folder of train.py")
         audit_run(cli.run_dir, cli.seeds, cli.temperature, cli.device)

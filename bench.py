@@ -13,6 +13,8 @@ Speed is measured here and reported in the README, never asserted by timed tests
 from __future__ import annotations
 
 import argparse
+import contextlib
+import functools
 import json
 import time
 
@@ -151,17 +153,16 @@ def coop_push_iteration(model: str, dtype: str, lora_layers: int, start_states: 
 
     network, tokenizer = plumbing.load_backbone(model, DEVICE, dtype)
     layers = min(lora_layers, network.config.num_hidden_layers - 1)  # keep a trunk on small models
-    policy = policy_lib.MenuPolicy(network, tokenizer, ["agent0", "agent1"], lora_layers=layers)
+    policy = policy_lib.MenuPolicy(network, tokenizer, ["agent0", "agent1"], policy_lib.LoRA(layers=layers))
     game = envs.make_game("coop_push", None, 0)
     library = options.make_library(game)
     guard = guard_lib.cached_guards(game, library, guard_lib.BurnInSettings(), str(plumbing.cache_root() / "guards"))
-    optimizers = pamagrpo.make_optimizers(policy, policy.agents, train.Args().lr)
+    config = pamagrpo.Config(group_size=group_size)  # train.py's defaults otherwise
+    optimizers = pamagrpo.make_optimizers(policy, policy.agents, config.lr)
     seeds = train.training_seeds(game, 0, 0, start_states)
+    task = options.Task(functools.partial(envs.make_game, "coop_push", None, 0), library, guard.menu_filter)
     with profiler or contextlib.nullcontext():
-        record = pamagrpo.iteration(policy, optimizers, lambda: envs.make_game("coop_push", None, 0), library,
-                                    guard.menu_filter, seeds, group_size, 1.0, "to_go", "per_agent",
-                                    pamagrpo.UpdateConfig(), seed=0, it=0,
-                                    greedy_rollouts=train.Args().greedy_rollouts)
+        record = pamagrpo.iteration(policy, optimizers, task, seeds, 0, config, seed=0)
     return record, layers or network.config.num_hidden_layers, network.get_output_embeddings().weight.shape[0]
 
 
@@ -179,10 +180,63 @@ def bench_train(model: str, dtype: str, lora_layers: int, start_states: int = 1,
 PROFILE_SCOPES = ("rollout", "update: base pass", "update: gradient pass", "update: backward", "update: optimizer")
 
 
+@contextlib.contextmanager
+def profile_scopes():
+    """Name the phases of an iteration for torch.profiler by wrapping the functions that run them (the method
+    itself carries no profiler code): rollout (pamagrpo.play), the update's base pass, gradient passes,
+    backward and optimizer steps, and inside every scoring the layers (MenuPolicy.forward_layers) and the
+    vocabulary head (MenuPolicy.head_logits and the gather of the option tokens' log-probs)."""
+    import torch
+    from torch.profiler import record_function
+
+    import pamagrpo
+    import policy as policy_lib
+
+    in_update = [False]
+
+    def scoped(owner, name: str, label) -> None:
+        original = getattr(owner, name)
+
+        def wrapper(*args, **kwargs):
+            scope = label(*args, **kwargs)
+            if scope is None:
+                return original(*args, **kwargs)
+            with record_function(scope):
+                return original(*args, **kwargs)
+
+        patched.append((owner, name, original))
+        setattr(owner, name, wrapper)
+
+    def update(*args, **kwargs):  # marks the update, so its scoring calls are told from the rollouts'
+        in_update[0] = True
+        try:
+            return original_update(*args, **kwargs)
+        finally:
+            in_update[0] = False
+
+    patched: list = []
+    original_update = pamagrpo.update
+    pamagrpo.update = update
+    scoped(pamagrpo, "play", lambda *a, **k: "rollout")
+    scoped(policy_lib.MenuPolicy, "menu_log_probs", lambda *a, grad=False, **k: None if not in_update[0] else
+           "update: gradient pass" if grad else "update: base pass")
+    scoped(torch.Tensor, "backward", lambda *a, **k: "update: backward" if in_update[0] else None)
+    scoped(torch.optim.AdamW, "step", lambda *a, **k: "update: optimizer")
+    scoped(policy_lib.MenuPolicy, "forward_layers", lambda *a, **k: "layers")
+    scoped(policy_lib.MenuPolicy, "head_logits", lambda *a, **k: "head")
+    scoped(policy_lib.MenuPolicy, "_text_log_probs", lambda *a, **k: "head")
+    try:
+        yield
+    finally:
+        pamagrpo.update = original_update
+        for owner, name, original in reversed(patched):
+            setattr(owner, name, original)
+
+
 def bench_profile(model: str, dtype: str) -> list[dict]:
     """Where one PA-MAGRPO iteration of train.py's defaults (coop_push, B x G = 2 x 4, adapters on the top 4
-    layers) spends its time, from a torch.profiler trace of the named scopes in pamagrpo.py and policy.py:
-    rollout (layers, vocabulary head, Python and game), update (base pass, gradient pass forward, backward,
+    layers) spends its time, from a torch.profiler trace of the scopes profile_scopes() names: rollout
+    (layers, vocabulary head, Python and game), update (base pass, gradient pass forward, backward,
     optimizer; layers vs head inside each). Backward ops count as head when an input has the vocabulary's
     size. The profiler's own overhead is included, so shares are what to compare, not seconds."""
     from torch.profiler import ProfilerActivity, profile
@@ -192,8 +246,9 @@ def bench_profile(model: str, dtype: str) -> list[dict]:
     defaults = train.Args()
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if DEVICE.startswith("cuda") else [])
     prof = profile(activities=activities, record_shapes=True)
-    record, _, vocab = coop_push_iteration(model, dtype, defaults.lora_layers, defaults.start_states,
-                                           defaults.group_size, prof)
+    with profile_scopes():
+        record, _, vocab = coop_push_iteration(model, dtype, defaults.lora_layers, defaults.start_states,
+                                               defaults.group_size, prof)
     seconds: dict[tuple[str, str], float] = {}
 
     def add(phase: str, part: str, us: float) -> None:
@@ -337,17 +392,18 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     for dtype in args.dtypes.split(","):
         if dtype not in DTYPES:
-            raise plumbing.InputError(f"--dtypes {args.dtypes!r}: unknown dtype {dtype!r}; expected a comma-separated "
-                                  f"list of {', '.join(DTYPES)}")
+            raise plumbing.InputError(f"--dtypes {args.dtypes!r}: unknown dtype {dtype!r}; expected a "
+                                      f"comma-separated list of {', '.join(DTYPES)}")
     if not all(args.models.split(",")):
-        raise plumbing.InputError(f"--models {args.models!r}: expected comma-separated model names, e.g. tiny,smollm2-135m")
+        raise plumbing.InputError(f"--models {args.models!r}: expected comma-separated model names, e.g. "
+                                  "tiny,smollm2-135m")
     try:
         groups = [tuple(int(x) for x in g.split("x")) for g in args.groups.split(",")]
     except ValueError:
         groups = []
     if not groups or any(len(g) != 2 or not 1 <= min(g) <= max(g) <= 4096 for g in groups):
-        raise plumbing.InputError(f"--groups {args.groups!r}: expected comma-separated BxG with integers in [1, 4096], "
-                              "e.g. 2x4,8x8")
+        raise plumbing.InputError(f"--groups {args.groups!r}: expected comma-separated BxG with integers in "
+                                  "[1, 4096], e.g. 2x4,8x8")
     plumbing.check_device(args.device)
     import torch
 

@@ -38,99 +38,10 @@ import os
 import numpy as np
 
 import plumbing
+from plumbing import LayoutError, option_bool, option_int, option_ints, parse_layout
 
 ACTIONS = ("stay", "north", "south", "west", "east", "interact")
 DIRECTIONS = ("north", "south", "west", "east")  # action index = DIRECTIONS.index(d) + 1
-TRUE_WORDS, FALSE_WORDS = ("yes", "true", "1"), ("no", "false", "0")
-
-
-class LayoutError(plumbing.InputError):
-    """A layout that cannot be parsed; the message names the line, column and what is expected."""
-
-
-# ----------------------------------------------------------------------------- layouts
-
-
-def parse_layout(text: str, legend: dict[str, str], keys: dict[str, str], name: str = "custom") -> tuple:
-    """Split a layout text into (rows, options) and validate it.
-
-    legend: allowed map characters -> meaning (used in error messages).
-    keys: allowed option keys -> a description of the accepted value (used in error messages).
-    """
-    lines = text.split("\n")
-    while lines and not lines[0].strip():
-        lines.pop(0)
-    rows: list[str] = []
-    i = 0
-    while i < len(lines) and lines[i].strip() and ":" not in lines[i]:
-        rows.append(lines[i].rstrip("\r"))
-        i += 1
-    if not rows:
-        raise LayoutError(f"layout '{name}': line 1: expected a map row, found no map")
-    width = max(len(r) for r in rows)
-    for r, row in enumerate(rows):
-        if len(row) != width:
-            raise LayoutError(f"layout '{name}': line {r + 1}: expected {width} columns like line 1, "
-                              f"got {len(row)} (all map rows must have the same width)")
-        for c, ch in enumerate(row):
-            if ch not in legend:
-                accepted = ", ".join(f"'{k}' {v}" for k, v in legend.items())
-                raise LayoutError(f"layout '{name}': line {r + 1} column {c + 1}: unexpected '{ch}'; "
-                                  f"expected one of {accepted}")
-    options: dict[str, str] = {}
-    for j in range(i, len(lines)):
-        line = lines[j].strip()
-        if not line or line.startswith("//"):
-            continue
-        key, sep, value = line.partition(":")
-        key = key.strip()
-        if not sep or key not in keys:
-            accepted = "; ".join(f"'{k}: {v}'" for k, v in keys.items())
-            raise LayoutError(f"layout '{name}': line {j + 1} column 1: expected an option line, one of "
-                              f"{accepted}; got '{line}'")
-        options[key] = value.strip()
-    agents = sorted(ch for row in rows for ch in row if ch.isdigit())
-    if len(agents) < 1 or agents != [str(k + 1) for k in range(len(agents))]:
-        raise LayoutError(f"layout '{name}': line 1 column 1: expected agents numbered 1..N, each once, "
-                          f"found {agents or 'none'}")
-    return tuple(rows), options
-
-
-def option_int(options: dict, key: str, default: int, name: str, low: int = 1, high: int = 10_000) -> int:
-    """Read an integer layout option in [low, high] with a clear error (the cap keeps episodes finite in time)."""
-    if key not in options:
-        return default
-    try:
-        value = int(options[key])
-    except ValueError:
-        value = low - 1
-    if not low <= value <= high:
-        raise LayoutError(f"layout '{name}': option '{key}': expected an integer in [{low}, {high:,}], "
-                          f"got '{options[key]}'")
-    return value
-
-
-def option_bool(options: dict, key: str, default: bool, name: str) -> bool:
-    if key not in options:
-        return default
-    word = options[key].lower()
-    if word not in TRUE_WORDS + FALSE_WORDS:
-        raise LayoutError(f"layout '{name}': option '{key}': expected yes or no, got '{options[key]}'")
-    return word in TRUE_WORDS
-
-
-def option_ints(options: dict, key: str, count: int, default: int, name: str) -> list[int]:
-    """Read a space-separated list of `count` positive integers (a level per agent or food)."""
-    if key not in options:
-        return [default] * count
-    try:
-        values = [int(v) for v in options[key].replace(",", " ").split()]
-    except ValueError:
-        values = []
-    if len(values) != count or not 1 <= min(values) <= max(values) <= 1000:
-        raise LayoutError(f"layout '{name}': option '{key}': expected {count} integers in [1, 1000], "
-                          f"got '{options[key]}'")
-    return values
 
 
 def offset_words(dr: int, dc: int) -> str:
@@ -1096,10 +1007,11 @@ def main(argv: list[str] | None = None) -> None:
     """Check a layout (parse, two agents, solvable) and show a start state, or count its start states per split.
     The games import nothing above them: a team playing is options.py's CLI (`python options.py --show`)."""
     parser = plumbing.ArgumentParser(description="Check a layout and show one of its start states, or count its start "
-                                        "states per split (train / validation / test).")
+                                     "states per split (train / validation / test).")
     parser.add_argument("--game", default="coop_push", choices=list(GAMES))
     parser.add_argument("--layout", default=None, help="a built-in layout name or a layout file")
-    parser.add_argument("--seed", type=plumbing.number(0, integer=True), default=0, help="the start state reset(seed) places")
+    parser.add_argument("--seed", type=plumbing.number(0, integer=True), default=0,
+                        help="the start state reset(seed) places")
     parser.add_argument("--start-states", type=plumbing.number(0, 10_000_000, integer=True), default=0, metavar="N",
                         help="count the distinct start states of seeds 0..N-1 per split instead")
     cli = parser.parse_args(argv)

@@ -18,6 +18,7 @@ the others wait) and `random_choice` (uniform over the menu). Run `python option
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -668,6 +669,16 @@ def run_menu_filter(library: Library, guards_filter=None, arrived: str = "keep")
     """The menu filter a run plays with (train.py's `--arrived`): its guards, then drop_arrived when arrived is
     'drop'. One place, so the audits of a run folder rebuild exactly the menus it trained on."""
     return drop_arrived(library, guards_filter) if arrived == "drop" else guards_filter
+
+
+@dataclass
+class Task:
+    """What a team plays: a fresh game for every episode, its option library, and the menu filter (the guards,
+    run_menu_filter) that every menu passes through."""
+
+    new_game: Callable[[], Game]
+    library: Library
+    menu_filter: Callable | None = None
 
 
 # ----------------------------------------------------------------------------- the asynchronous runner

@@ -33,8 +33,9 @@ after the first reuse the same decisions after the policy has moved. The rollout
 softmax(log pi / T) while rho_d and the loss use the untempered pi_i, so at a sampling temperature T != 1
 the update is off-policy (no importance correction for T; T = 1 is the on-policy case).
 
-Symbols -> names: B `start_states`, G `group_size`, T `temperature`, R_d `returns`, A_d `advantages`,
-gamma `gamma`, rho_d `ratio`, eps `clip_eps`, pi_old `old`, pi_base `base`, H `entropy`, |D_i| `count`.
+Symbols -> names (the hyperparameters are the fields of `Config`): B `start_states`, G `group_size`,
+T `temperature`, w `shaping`, gamma `gamma`, eps `clip_eps`, R_d `step.ret`, A_d `step.advantage`, rho_d `ratio`,
+pi_old `old`, pi_base `base`, H `entropy`, |D_i| `count`. The loss of one decision is `decision_loss`.
 
 Departures from GRPO (Shao et al. 2024) and MAGRPO:
 - the "completion" is one option choice from a menu; its probability is exact (normalized over the menu);
@@ -49,17 +50,18 @@ Departures from GRPO (Shao et al. 2024) and MAGRPO:
   with `epochs=1` the ratio is exactly 1 and the clip never binds (on-policy policy gradient, above);
 - rollouts sampled at temperature T != 1 are treated as if drawn from pi_i (no correction: off-policy); so
   are greedy rollouts (`greedy_rollouts` > 0: the first k of each group play the argmax, so the greedy
-  policy's own loops get negative advantages; train.py's default is one per group of four, chosen over 5
-  seeds in results/recipes-plan.md) and a decaying temperature (train.py `--temperature-decay`);
+  policy's own loops get negative advantages; train.py's default is one per group of four, chosen over
+  seeds: results/README.md) and a decaying temperature (train.py `--temperature-decay`);
 - with adapters only in the top layers (`lora_layers`), the update replays the rollouts' cached trunk
   outputs instead of recomputing the frozen bottom layers (identical math, a fraction of the cost);
 - under torchrun, ranks split the start states (whole groups) and sum each agent's gradient before its
   step, so the update equals the single-process one up to summation order.
 
-Test: `HF_HUB_OFFLINE=1 pytest -q test_all.py -k "hand_computed_loss or kl_and_entropy or credit or
-advantages or align or temperature"`: update()'s gradient, KL and entropy against the equation above computed
-by hand on the tiny model, credit and advantages against hand-written numbers, decision times in play()
-(policy.play: the lockstep loop the rollouts, evaluations and audits share).
+Needs: options (the runner and Task), policy (the LLM policy and `play`, the lockstep loop that rollouts,
+evaluations and audits share), plumbing (the collective helpers, no-ops in one process).
+Test: `HF_HUB_OFFLINE=1 pytest -q test_all.py -k "hand_computed_loss or decision_loss or kl_and_entropy or
+credit or advantages or align or temperature"`: update()'s gradient, KL and entropy against the equation
+above computed by hand on the tiny model, credit and advantages against hand-written numbers.
 """
 
 from __future__ import annotations
@@ -70,16 +72,31 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-from torch.profiler import record_function
 
 import options
 import plumbing
 from policy import EVAL_ITERATION, Decision, MenuPolicy, Step, check_finite, episodes, play, sampling_generator
 
 
-# ----------------------------------------------------------------------------- data parallel (torchrun)
-# Under torchrun every rank holds the base and all adapters and plays a share of the start states; these
-# helpers are no-ops in a single process, so the algorithm below has one code path.
+@dataclass
+class Config:
+    """The algorithm's hyperparameters, named as in the docstring (train.py's Args embeds them as flags)."""
+
+    start_states: int = 2  # B: start states per iteration (fresh each iteration, from the training split)
+    group_size: int = 4  # G: rollouts per start state; usually 4 to 16
+    temperature: float = 1.0  # T: sampling temperature of the rollouts, > 0 (1: on-policy; otherwise off-policy)
+    greedy_rollouts: int = 1  # rollouts of each group played greedily (T = 0; off-policy), chosen over 5 seeds
+    credit: str = "to_go"  # R_d: to_go (return-to-go) | episode | to_go_aligned (minus the group's same-step mean)
+    gamma: float = 1.0  # discount of the credited return (1: none; < 1 prefers faster rollouts), in (0, 1]
+    shaping: float = 0.0  # w: kitchen: weight of Overcooked-AI's shaped rewards, linearly to 0 at the last iteration
+    advantage: str = "per_agent"  # per_agent (PA-MAGRPO) | shared (MAGRPO baseline, the ablation)
+    clip_eps: float = 0.2  # eps: PPO clip range of the ratio; usually 0.1 to 0.3
+    kl_coef: float = 0.05  # weight of the exact KL(pi_i || pi_base) over the menu
+    entropy_coef: float = 0.0  # weight of an entropy bonus (0: none)
+    epochs: int = 1  # optimizer steps per agent per iteration, each on all its decisions (PPO-style epochs)
+    minibatch: int = 32  # decisions per forward in the update (bounds memory; gradients accumulate)
+    max_grad_norm: float = 1.0  # gradient-norm clip of each adapter
+    lr: float = 1e-3  # AdamW learning rate of each adapter; usually 3e-4 to 1e-3 (top-layer adapters)
 
 
 def returns_to_go(rewards: list[float], gamma: float) -> list[float]:
@@ -92,12 +109,10 @@ def returns_to_go(rewards: list[float], gamma: float) -> list[float]:
 
 def credit(steps: list[Step], runners: list[options.Runner], max_reward: float, mode: str,
            group_of: list[int] | None = None, gamma: float = 1.0, shaping: float = 0.0) -> None:
-    """Set each step's credited return: the return-to-go from its start step ("to_go"), the episode return
-    ("episode"), or the return-to-go minus the mean return-to-go of its group's rollouts from the same step
-    ("to_go_aligned": a time-aligned group baseline, so a decision is not credited for how early it came).
-    gamma < 1 discounts rewards by their distance from the decision (from step 0 for "episode"), so that
-    among rollouts that all succeed the faster ones are preferred. shaping > 0 adds the game's shaped reward
-    of each step times `shaping` to its reward (r_t + w s_t; kitchen's Overcooked-AI shaping)."""
+    """Set each step's credited return R_d (docstring step 2): the return-to-go from its start step ("to_go"),
+    the episode return ("episode"), or the return-to-go minus the mean return-to-go of its group's rollouts
+    from the same step ("to_go_aligned"). gamma < 1 discounts rewards by their distance from the decision
+    (from step 0 for "episode"). shaping w > 0 adds w x the game's shaped reward of each step."""
     rewards = [run.rewards if not shaping else [r + shaping * s for r, s in zip(run.rewards, run.shaping)]
                for run in runners]
     to_go = [returns_to_go(r, gamma) for r in rewards]
@@ -113,29 +128,14 @@ def credit(steps: list[Step], runners: list[options.Runner], max_reward: float, 
         step.ret = total / max_reward
 
 
-def advantages(steps: list[Step], group_of: list[int], mode: str, eps: float = 1e-6) -> float:
-    """Fill step.advantage; returns the fraction of zero-spread (agent, group) pairs (or groups, shared)."""
-    zero, total = advantage_counts(steps, group_of, mode, eps)
-    return zero / max(total, 1)
-
-
-def advantage_counts(steps: list[Step], group_of: list[int], mode: str, eps: float = 1e-6) -> tuple[int, int]:
-    """advantages(), returning (zero-spread units, units): the counts add up over ranks."""
+def advantages(steps: list[Step], group_of: list[int], mode: str, eps: float = 1e-6) -> tuple[int, int]:
+    """Set each step's advantage A_d (docstring step 3). Returns (zero-spread units, units), where a unit is an
+    (agent, group) pair ("per_agent") or a group ("shared"); the counts add up over ranks."""
     zero, total = 0, 0
-    groups = sorted(set(group_of))
-    if mode == "shared":  # MAGRPO: one baseline per group over all its decisions, the same for every agent
-        for s in groups:
-            mine = [st for st in steps if group_of[st.rollout] == s]
-            rets = np.array([st.ret for st in mine])
-            mean, std = rets.mean(), rets.std()
-            total += 1
-            zero += std < eps
-            for st in mine:
-                st.advantage = 0.0 if std < eps else float((st.ret - mean) / (std + eps))
-        return zero, total
-    for s in groups:  # PA-MAGRPO: agent i's statistics over agent i's own decisions in group s
-        for i in sorted({st.agent for st in steps}):
-            mine = [st for st in steps if st.agent == i and group_of[st.rollout] == s]
+    agents = [None] if mode == "shared" else sorted({st.agent for st in steps})
+    for s in sorted(set(group_of)):
+        for i in agents:  # PA-MAGRPO: agent i's own decisions in group s; MAGRPO ("shared"): all of them
+            mine = [st for st in steps if group_of[st.rollout] == s and i in (None, st.agent)]
             if not mine:
                 continue
             rets = np.array([st.ret for st in mine])
@@ -147,18 +147,20 @@ def advantage_counts(steps: list[Step], group_of: list[int], mode: str, eps: flo
     return zero, total
 
 
-@dataclass
-class UpdateConfig:
-    clip_eps: float = 0.2
-    kl_coef: float = 0.05
-    entropy_coef: float = 0.0
-    epochs: int = 1
-    minibatch: int = 32
-    max_grad_norm: float = 1.0
+def decision_loss(logp: torch.Tensor, old_logp: torch.Tensor, base_logp: torch.Tensor, choice: int,
+                  advantage: float, cfg: Config) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One decision's term of L_i (docstring step 4), before the mean over D_i; logp, old_logp, base_logp: (K,)
+    log pi_i, log pi_old and log pi_base over its menu. Returns (loss, kl, entropy, ratio)."""
+    ratio = torch.exp(logp[choice] - old_logp[choice])  # rho_d
+    surrogate = -torch.min(ratio * advantage, torch.clamp(ratio, 1 - cfg.clip_eps, 1 + cfg.clip_eps) * advantage)
+    p = logp.exp()
+    kl = torch.sum(p * (logp - base_logp))  # exact KL(pi_i || pi_base) over the menu
+    entropy = -torch.sum(p * logp)
+    return surrogate + cfg.kl_coef * kl - cfg.entropy_coef * entropy, kl, entropy, ratio
 
 
-def update(policy: MenuPolicy, optimizers: dict[str, torch.optim.Optimizer], steps: list[Step],
-           cfg: UpdateConfig, order_seed: int, trunk_cache: dict | None = None) -> dict[str, float]:
+def update(policy: MenuPolicy, optimizers: dict[str, torch.optim.Optimizer], steps: list[Step], cfg: Config,
+           order_seed: int, trunk_cache: dict | None = None) -> dict[str, float]:
     """The clipped, KL-regularized per-agent update: `epochs` optimizer steps per agent, each on the
     gradient of that agent's loss over ALL its decisions (accumulated over memory-sized minibatches).
 
@@ -168,10 +170,8 @@ def update(policy: MenuPolicy, optimizers: dict[str, torch.optim.Optimizer], ste
     Returns flat per-agent metrics."""
     names = sorted(optimizers)
     # pi_base over each menu, once (the base is frozen); with a trunk cache it runs only the top layers
-    with record_function("update: base pass"):  # named scopes: bench.py --only train profiles by them
-        base = policy.menu_log_probs([Decision(None, s.decision.prompt, s.decision.menu) for s in steps],
-                                     trunk_cache=trunk_cache)
-    check_finite("a frozen-base menu log-probability", base)
+    base = policy.menu_log_probs([Decision(None, s.decision.prompt, s.decision.menu) for s in steps],
+                                 trunk_cache=trunk_cache)
     # |D_i| over all ranks: each L_i is a mean over agent i's decisions of the whole iteration
     count = {n: sum(plumbing.all_gather([sum(s.decision.adapter == n for s in steps)])) for n in names}
     stats = {n: {"kl": [], "clip": [], "entropy": [], "grad_norm": [], "loss": []} for n in names}
@@ -183,41 +183,28 @@ def update(policy: MenuPolicy, optimizers: dict[str, torch.optim.Optimizer], ste
             optimizers[n].zero_grad(set_to_none=True)
         loss_sum = {n: 0.0 for n in names}
         for batch in batches:
-            with record_function("update: gradient pass"):
-                new = policy.menu_log_probs([steps[k].decision for k in batch], grad=True, trunk_cache=trunk_cache)
+            new = policy.menu_log_probs([steps[k].decision for k in batch], grad=True, trunk_cache=trunk_cache)
             if epoch == 0:
                 old.update((k, logp.detach()) for k, logp in zip(batch, new))
             terms = []
             for k, logp in zip(batch, new):  # logp: (K,) over this decision's menu
-                st = steps[k]
-                n = st.decision.adapter
-                ratio = torch.exp(logp[st.choice] - old[k][st.choice])  # rho_d (exactly 1 in epoch 0)
-                adv = st.advantage
-                surrogate = -torch.min(ratio * adv, torch.clamp(ratio, 1 - cfg.clip_eps, 1 + cfg.clip_eps) * adv)
-                p = logp.exp()
-                kl = torch.sum(p * (logp - base[k]))  # exact KL(pi_i || pi_base) over the menu
-                entropy = -torch.sum(p * logp)
-                term = (surrogate + cfg.kl_coef * kl - cfg.entropy_coef * entropy) / count[n]  # mean over D_i
-                terms.append(term)
-                loss_sum[n] += float(term.detach())
+                st, n = steps[k], steps[k].decision.adapter
+                loss, kl, entropy, ratio = decision_loss(logp, old[k], base[k], st.choice, st.advantage, cfg)
+                terms.append(loss / count[n])  # L_i is a mean over D_i
+                loss_sum[n] += float(terms[-1].detach())
                 if epoch == cfg.epochs - 1:  # report the policy as it stands before the last step
                     stats[n]["kl"].append(float(kl.detach()))
                     stats[n]["entropy"].append(float(entropy.detach()))
                     stats[n]["clip"].append(float(abs(float(ratio.detach()) - 1) > cfg.clip_eps))
             # summing agents is safe: agent n's adapter only receives gradient from agent n's rows
-            loss = torch.stack(terms).sum()
-            check_finite("the loss", loss)
-            with record_function("update: backward"):
-                loss.backward()
+            torch.stack(terms).sum().backward()
         for n in names:
             if not count[n]:
                 continue
             plumbing.all_reduce_gradients(policy.agent_parameters(n))  # the whole iteration's gradient on every rank
             norm = torch.nn.utils.clip_grad_norm_(policy.agent_parameters(n), cfg.max_grad_norm)
-            check_finite(f"{n}'s gradient norm", float(norm))  # checked before the step, so no weight is hit
-            with record_function("update: optimizer"):
-                optimizers[n].step()
-            check_finite(f"{n}'s adapter weights after the optimizer step", list(policy.agent_parameters(n)))
+            check_finite(f"{n}'s gradient norm", float(norm))  # a NaN or inf anywhere upstream never reaches a weight
+            optimizers[n].step()
             stats[n]["grad_norm"].append(float(norm))
             stats[n]["loss"].append(sum(plumbing.all_gather([loss_sum[n]])))
     out = {}
@@ -233,34 +220,29 @@ def make_optimizers(policy: MenuPolicy, names: list[str], lr: float) -> dict[str
     return {n: torch.optim.AdamW(policy.agent_parameters(n), lr=lr, weight_decay=0.0) for n in names}
 
 
-def iteration(policy: MenuPolicy, optimizers, game_factory, library, menu_filter, seeds: list[int],
-              group_size: int, temperature: float, credit_mode: str, advantage_mode: str, cfg: UpdateConfig,
-              seed: int, it: int, gamma: float = 1.0, greedy_rollouts: int = 0,
-              shaping: float = 0.0) -> dict[str, float]:
-    """One PA-MAGRPO iteration: group rollouts -> credit -> advantages -> per-agent update. Returns metrics.
-    greedy_rollouts: the first k rollouts of every group are played greedily (T = 0) instead of sampled.
-    shaping: the weight of the game's shaped rewards in the credited returns (0: the team reward alone).
+def iteration(policy: MenuPolicy, optimizers: dict[str, torch.optim.Optimizer], task: options.Task,
+              seeds: list[int], it: int, cfg: Config, seed: int) -> dict[str, float]:
+    """One PA-MAGRPO iteration from the start states `seeds` (the docstring's steps 1-4); returns its metrics.
+    cfg holds this iteration's values (train.py's schedules set cfg.temperature and cfg.shaping).
 
     Under torchrun each rank plays the groups of its share of `seeds` (whole groups, so advantages stay
     local) and the update all-reduces gradients; the metrics are gathered from every rank."""
-    t0 = time.perf_counter()
-    tokens0 = policy.tokens_processed
+    t0, tokens0 = time.perf_counter(), policy.tokens_processed
+    # 1. group rollouts: G rollouts from each start state, the first `greedy_rollouts` of each group greedy
     seeds = plumbing.my_share(seeds)
-    n_rollouts = len(seeds) * group_size
-    games = [game_factory() for _ in range(n_rollouts)]
-    rollout_seeds = [seeds[r // group_size] for r in range(n_rollouts)]
-    group_of = [r // group_size for r in range(n_rollouts)]
-    gens = [sampling_generator(seed, it, rollout_seeds[r], r % group_size) for r in range(n_rollouts)]
-    names = sorted(optimizers)
+    n_rollouts = len(seeds) * cfg.group_size
+    rollout_seeds = [seeds[r // cfg.group_size] for r in range(n_rollouts)]
+    group_of = [r // cfg.group_size for r in range(n_rollouts)]
+    gens = [sampling_generator(seed, it, rollout_seeds[r], r % cfg.group_size) for r in range(n_rollouts)]
     trunk_cache: dict = {}  # (prompt, menu) -> trunk output, reused by the update (lora_layers > 0)
-    temperatures = [0.0 if r % group_size < greedy_rollouts else temperature for r in range(n_rollouts)]
-    with record_function("rollout"):
-        runners, steps = play(games, rollout_seeds, library, menu_filter, policy, names, temperatures, gens,
-                              trunk_cache)
+    temperatures = [0.0 if r % cfg.group_size < cfg.greedy_rollouts else cfg.temperature for r in range(n_rollouts)]
+    runners, steps = play(task, rollout_seeds, policy, sorted(optimizers), temperatures, gens, trunk_cache)
     t_rollout = time.perf_counter() - t0
-    max_reward = games[0].max_reward
-    credit(steps, runners, max_reward, credit_mode, group_of, gamma, shaping)
-    zero, units = advantage_counts(steps, group_of, advantage_mode)
+    # 2. credit: each decision's (shaped, discounted) return R_d
+    credit(steps, runners, runners[0].game.max_reward, cfg.credit, group_of, cfg.gamma, cfg.shaping)
+    # 3. per-agent advantages A_d
+    zero, units = advantages(steps, group_of, cfg.advantage)
+    # 4. per-agent update of each adapter
     metrics = update(policy, optimizers, steps, cfg, order_seed=seed * 1_000_003 + it, trunk_cache=trunk_cache)
     scores = plumbing.all_gather([run.game.score for run in runners])
     raw = plumbing.all_gather([run.game.total_reward for run in runners])
@@ -269,23 +251,23 @@ def iteration(policy: MenuPolicy, optimizers, game_factory, library, menu_filter
     elapsed = time.perf_counter() - t0
     out = {"iteration": it, "rollout/return_mean": float(np.mean(raw)), "rollout/return_std": float(np.std(raw)),
            "rollout/score_mean": float(np.mean(scores)), "rollout/zero_std_groups": float(zero / max(units, 1)),
-           "rollout/temperature": temperature, "rollout/shaping": shaping,
-           "rollout/decisions": sum(plumbing.all_gather([len(steps)])), "rollout/episode_steps": float(np.mean(lengths)),
+           "rollout/temperature": cfg.temperature, "rollout/shaping": cfg.shaping,
+           "rollout/decisions": sum(plumbing.all_gather([len(steps)])),
+           "rollout/episode_steps": float(np.mean(lengths)),
            "time/rollout_s": t_rollout, "time/update_s": elapsed - t_rollout, "time/iteration_s": elapsed,
            "time/tokens": sum(plumbing.all_gather([policy.tokens_processed - tokens0]))}
     out.update({f"train/{k}": v for k, v in metrics.items()})
     return out
 
 
-def evaluate(policy: MenuPolicy, game_factory, library, menu_filter, seeds: list[int], agents: list[str | None],
+def evaluate(policy: MenuPolicy, task: options.Task, seeds: list[int], agents: list[str | None],
              temperature: float = 0.0, seed: int = 0, episodes_out: list | None = None) -> dict[str, float]:
     """Greedy (T = 0) or sampled evaluation on fixed seeds: mean normalized score and return. Under
     torchrun the seeds are split across ranks and the results gathered. episodes_out: receives this rank's
     episodes (policy.episodes), e.g. for the final audit's intact team."""
     seeds = plumbing.my_share(seeds)
-    games = [game_factory() for _ in seeds]
     gens = [sampling_generator(seed, EVAL_ITERATION, s, 0) for s in seeds]
-    runners, steps = play(games, seeds, library, menu_filter, policy, agents, temperature, gens)
+    runners, steps = play(task, seeds, policy, agents, temperature, gens)
     if episodes_out is not None:
         episodes_out.extend(episodes(runners))
     scores = plumbing.all_gather([run.game.score for run in runners])
@@ -293,4 +275,3 @@ def evaluate(policy: MenuPolicy, game_factory, library, menu_filter, seeds: list
     return {"score": float(np.mean(scores)), "score_std": float(np.std(scores)),
             "return": float(np.mean(plumbing.all_gather([run.game.total_reward for run in runners]))),
             "decisions": len(entropies), "entropy": float(np.mean(entropies)) if entropies else math.nan}
-

