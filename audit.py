@@ -49,17 +49,12 @@ training algorithm.
 from __future__ import annotations
 
 import functools
-import io
 import json
 import os
 import re
 from collections.abc import Callable, Sequence
 
 import numpy as np
-from matplotlib.backends.backend_agg import FigureCanvasAgg
-from matplotlib.figure import Figure
-from matplotlib.patches import Circle, Rectangle
-from PIL import Image
 
 import envs
 from envs import Game
@@ -272,7 +267,7 @@ def audit_llm_team(policy: policy_lib.MenuPolicy, task: Task, agents: list[str |
 def replay(game: Game, library: Library, chooses: Sequence[Choose], seed: int, menu_filter=None,
            gif: str | None = None) -> str:
     """One episode as ASCII frames, one at each decision point, with what each agent ran up to it; with `gif`, the
-    same episode is also written there as an animation, one frame a primitive step (replay_gif)."""
+    same episode is also written there as an animation, one frame a primitive step (plumbing.replay_gif)."""
     steps: list[tuple[str, list[str], dict]] = []  # (render(), each agent's option, labels()) after every step
 
     def record(runner) -> None:
@@ -285,7 +280,7 @@ def replay(game: Game, library: Library, chooses: Sequence[Choose], seed: int, m
     episode = run_episode(game, library, team_choose(chooses), seed, menu_filter, show=True,
                           on_step=record if gif else None)
     if gif:
-        replay_gif(steps, gif, f"{game.name}/{game.layout_name}, held-out start state {seed}")
+        plumbing.replay_gif(steps, gif, f"{game.name}/{game.layout_name}, held-out start state {seed}")
     # run_episode draws a frame after each stretch of steps that ends when some agent must decide (or at
     # the end), i.e. at every later option start and at the last step
     times = [0] + sorted({x.start for x in episode.executions if x.start > 0} | {episode.steps})
@@ -304,51 +299,6 @@ def replay(game: Game, library: Library, chooses: Sequence[Choose], seed: int, m
 
 
 # colours of the map characters of every game's render() (agents are drawn as numbered discs on top)
-CELL_COLOURS = {"#": "#555555", "X": "#9a8c7a", ".": "#ffffff", " ": "#ffffff", "g": "#b9e4b0",
-                "b": "#c08a4a", "H": "#7a4a1e", "f": "#f4a340", "O": "#f1dd5a", "D": "#a8d0f0", "P": "#444444",
-                "C": "#e07b39", "R": "#d62f2f", "S": "#5fb760", "o": "#f1dd5a", "d": "#a8d0f0", "s": "#d62f2f"}
-AGENT_COLOURS = ("#1f6fd1", "#d1341f", "#2a9d3a", "#8e44ad")
-CELL_LABELS = {"b": "box", "H": "heavy", "f": "food", "O": "onion", "D": "dish", "P": "pot", "C": "cook",
-               "R": "soup", "S": "serve", "o": "onion", "d": "dish", "s": "soup"}
-
-
-def replay_gif(steps: list[tuple[str, list[str], dict]], path: str, title: str) -> None:
-    """An animated GIF of a recorded episode: the grid (every game's render() characters as coloured cells,
-    agents as numbered discs, objects named as the options name them: Game.labels()), each agent's current
-    option as a caption, and the step, reward and score."""
-    images = []
-    for frame, doing, labels in steps:
-        *grid, status = frame.split("\n")
-        rows, cols = len(grid), len(grid[0])
-        fig = Figure(figsize=(max(3.2, 0.45 * cols + 0.6), 0.45 * rows + 1.5), dpi=80)
-        FigureCanvasAgg(fig)  # render with Agg, without touching pyplot's global state
-        ax = fig.add_axes((0.02, 0.34, 0.96, 0.58))
-        ax.set_xlim(0, cols)
-        ax.set_ylim(rows, 0)
-        ax.set_aspect("equal")
-        ax.axis("off")
-        for r, line in enumerate(grid):
-            for c, ch in enumerate(line):
-                colour = CELL_COLOURS.get("." if ch.isdigit() else ch, "#ffffff")
-                ax.add_patch(Rectangle((c, r), 1, 1, facecolor=colour, edgecolor="#dddddd", linewidth=0.5))
-                if ch.isdigit():
-                    ax.add_patch(Circle((c + 0.5, r + 0.5), 0.38, color=AGENT_COLOURS[(int(ch) - 1) % 4]))
-                    ax.text(c + 0.5, r + 0.52, ch, ha="center", va="center", color="white", fontsize=9,
-                            fontweight="bold")
-                elif r * cols + c in labels or ch in CELL_LABELS:
-                    dark = sum(int(colour[k:k + 2], 16) for k in (1, 3, 5)) < 3 * 128
-                    ax.text(c + 0.5, r + 0.5, labels.get(r * cols + c, CELL_LABELS.get(ch)), ha="center",
-                            va="center", fontsize=5, linespacing=0.9, color="white" if dark else "black")
-        fig.text(0.02, 0.97, title, fontsize=7, va="top")
-        fig.text(0.02, 0.28, status, fontsize=6, va="top")
-        for i, text in enumerate(doing):
-            fig.text(0.02, 0.18 - 0.08 * i, f"agent {i + 1}: {text}", fontsize=7, va="top",
-                     color=AGENT_COLOURS[i % 4])
-        fig.canvas.draw()
-        images.append(Image.frombuffer("RGBA", fig.canvas.get_width_height(), fig.canvas.buffer_rgba()).convert("P"))
-    buffer = io.BytesIO()
-    images[0].save(buffer, format="GIF", save_all=True, append_images=images[1:], duration=350, loop=0)  # ms a frame
-    plumbing.write_file(path, buffer.getvalue())
 
 
 def write_replay(run_dir: str, policy: policy_lib.MenuPolicy, task: Task, seed: int, stem: str = "replay") -> str:
@@ -400,82 +350,6 @@ def table(rows: list[dict], columns: Sequence[str] | None = None) -> str:
     lines = ["| " + " | ".join(columns) + " |", "|" + "|".join(" --- " for _ in columns) + "|"]
     lines += ["| " + " | ".join(cell(row.get(c, "")) for c in columns) + " |" for row in rows]
     return "\n".join(lines)
-
-
-def plot_over_training(rows: list[dict], path: str) -> None:
-    """PNG: score (top) and cooperation measures (bottom) over training; rows: audit rows with `iteration`."""
-    x = [r["iteration"] for r in rows]
-    fig = Figure(figsize=(7, 6))
-    FigureCanvasAgg(fig)  # render with Agg, without touching pyplot's global state
-    top, bottom = fig.subplots(2, 1, sharex=True)
-    top.plot(x, [r["score"] for r in rows], marker="o")
-    top.set_ylabel("normalized score")
-    top.set_ylim(-0.05, 1.05)
-    top.set_title("reward is not cooperation")
-    bottom.plot(x, [r["min_progress_share"] for r in rows], marker="o", label="min progress share")
-    bottom.plot(x, [r["min_ablation_idle_drop_rel"] for r in rows], marker="s",
-                label="min drop when an agent idles (relative)")
-    bottom.axhline(1 - SOLO_SHARE, color="gray", linestyle=":", linewidth=1)  # below: solo by share
-    bottom.axhline(NECESSARY_DROP, color="gray", linestyle="--", linewidth=1)  # above: interdependent
-    bottom.set_ylabel("cooperation")
-    bottom.set_xlabel("training iteration")
-    bottom.legend(loc="best", fontsize="small")
-    fig.tight_layout()
-    plumbing.save_figure(fig, path, dpi=100)
-
-
-def read_sweep_audits(sweep: str) -> list[list[dict]]:
-    """Each finished seed's audit over training (SWEEP/seedK/audit.jsonl, written by `audit.py SWEEP/seedK`)."""
-    runs = sorted(d for d in os.listdir(sweep) if re.fullmatch(r"seed\d+", d)) if os.path.isdir(sweep) else []
-    audits = []
-    for run in runs:
-        path = os.path.join(sweep, run, "audit.jsonl")
-        if os.path.exists(path):
-            try:
-                audits.append([json.loads(line) for line in plumbing.read_text(path, "audit.py's audit.jsonl")
-                               .splitlines() if line.strip()])
-            except json.JSONDecodeError as e:
-                raise plumbing.InputError(f"{path} is not JSON lines ({e.msg}); expected audit.py's "
-                                          "audit.jsonl") from None
-    if not audits:
-        raise plumbing.InputError(f"{sweep}: no seedK/audit.jsonl; expected a sweep folder of train.py whose runs were "
-                                  "audited over training (python audit.py SWEEP/seedK)")
-    return audits
-
-
-def plot_decoupling(sweeps: dict[str, str], path: str) -> None:
-    """The decoupling figure: per sweep (e.g. a solo-possible and a cooperation-necessary layout), over training,
-    the greedy team score and, for the agent doing more and the one doing less (ranked per seed by final
-    progress share), its progress share and the relative score drop when it idles; seed means, 95% bands."""
-    fig = Figure(figsize=(4.2 * len(sweeps), 7.5))
-    FigureCanvasAgg(fig)
-    axes = fig.subplots(3, len(sweeps), sharex="col", squeeze=False)
-    for col, (label, sweep) in enumerate(sweeps.items()):
-        audits = read_sweep_audits(sweep)
-        common = sorted(set.intersection(*[{r["iteration"] for r in a} for a in audits]))
-        rows = [[next(r for r in a if r["iteration"] == it) for it in common] for a in audits]  # (seeds, points)
-        n_agents = sum(k.endswith(".progress_share") and k.startswith("agent") for k in rows[0][0])
-        panels = [("score", {"team score": [[r["score"] for r in seed] for seed in rows]})]
-        by_share, drops = {}, {}
-        for rank, name in ((0, "agent doing more"), (n_agents - 1, "agent doing less")):
-            order = [sorted(range(n_agents), key=lambda i: -seed[-1][f"agent{i}.progress_share"]) for seed in rows]
-            by_share[name] = [[r[f"agent{o[rank]}.progress_share"] for r in seed] for seed, o in zip(rows, order)]
-            drops[name] = [[r[f"agent{o[rank]}.ablation_idle_drop_rel"] for r in seed] for seed, o in zip(rows, order)]
-        panels += [("progress share", by_share), ("score drop when it idles (relative)", drops)]
-        for row, (ylabel, series) in enumerate(panels):
-            ax = axes[row][col]
-            for k, (name, values) in enumerate(series.items()):
-                mean, low, high = plumbing.band(values)
-                ax.plot(common, mean, marker="o", color=f"C{k}", label=name)
-                ax.fill_between(common, low, high, color=f"C{k}", alpha=0.2)
-            ax.set_ylim(-0.05, 1.05)
-            ax.set_ylabel(ylabel, fontsize=8)
-            ax.legend(fontsize=7, loc="best")
-        axes[0][col].set_title(f"{label} ({len(rows)} seeds)", fontsize=9)
-        axes[-1][col].set_xlabel("training iteration (0: frozen base)")
-    fig.suptitle("Reward is not cooperation: mean over seeds, 95% bootstrap bands", fontsize=10)
-    fig.tight_layout()
-    plumbing.save_figure(fig, path, dpi=100)
 
 
 def greedy_margins(policy: policy_lib.MenuPolicy, task: Task, seeds: Sequence[int]) -> list[dict]:
@@ -589,7 +463,7 @@ def audit_run(run_dir: str, episodes: int, temperature: float = 0.0, device: str
                  replay(task.new_game(), task.library, chooses, seeds[0], task.menu_filter, gif=stem + "_replay.gif"),
                  "```", f"Animated: `{os.path.basename(stem)}_replay.gif`.", ""]
     plumbing.write_file(stem + ".md", "\n".join(text))
-    plot_over_training(rows, stem + ".png")
+    plumbing.plot_over_training(rows, stem + ".png", SOLO_SHARE, NECESSARY_DROP)
     return rows
 
 
@@ -690,7 +564,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         if any(not label or not sep or not sweep for label, sep, sweep in pairs):
             raise plumbing.InputError(f"--decoupling {' '.join(cli.decoupling)}: expected LABEL=SWEEP_FOLDER items")
         plumbing.check_output_file(cli.figure, "--figure")
-        plot_decoupling({label: sweep for label, _, sweep in pairs}, cli.figure)
+        plumbing.plot_decoupling({label: sweep for label, _, sweep in pairs}, cli.figure)
         print(f"wrote {cli.figure}")
     elif cli.temperature > 0 and not cli.run_dir:
         raise plumbing.InputError("--temperature applies to a RUN_DIR audit only (--final reads saved greedy audits, "

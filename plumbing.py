@@ -20,6 +20,7 @@ import contextlib
 import dataclasses
 import hashlib
 import importlib.util
+import io
 import inspect
 import json
 import math
@@ -35,6 +36,10 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+from matplotlib.patches import Circle, Rectangle
+from PIL import Image
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -1031,15 +1036,17 @@ def sweep_summary(out: str, plan: dict, labels: tuple[str, ...], competent: floa
     return summary
 
 
-def save_figure(fig, path: str, **kwargs) -> None:
-    """A matplotlib figure written whole or not at all (write_file), then closed."""
-    import io
+def new_figure(**kwargs) -> Figure:
+    """A matplotlib figure drawn by Agg, without pyplot's global state (nothing to close, any thread)."""
+    fig = Figure(**kwargs)
+    FigureCanvasAgg(fig)
+    return fig
 
-    import matplotlib.pyplot as plt
 
+def save_figure(fig: Figure, path: str, **kwargs) -> None:
+    """A matplotlib figure written whole or not at all (write_file)."""
     buffer = io.BytesIO()
     fig.savefig(buffer, format=path.rsplit(".", 1)[-1], **kwargs)
-    plt.close(fig)
     write_file(path, buffer.getvalue())
 
 
@@ -1048,15 +1055,11 @@ def plot_sweep(out: str, run_dirs: list[str], path: str) -> None:
     every iteration, each seed as a thin line, their mean with a 95% bootstrap band over seeds; the frozen base
     (options and primitive actions) and the scripted team as lines (means over seeds); the selected checkpoints'
     test scores at the right with their CI."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     metrics = [read_jsonl(os.path.join(d, "metrics.jsonl")) for d in run_dirs]
     evals = [read_jsonl(os.path.join(d, "eval.jsonl")) for d in run_dirs]
     iterations = min(len(m) for m in metrics)
-    fig, ax = plt.subplots(figsize=(7, 4))
+    fig = new_figure(figsize=(7, 4))
+    ax = fig.subplots()
     x = np.arange(1, iterations + 1)
     rollout = [[r["rollout/score_mean"] for r in m[:iterations]] for m in metrics]
     validation_at = sorted(set.intersection(*[{r["iteration"] for r in e if r["tag"] == "validation"}
@@ -1129,3 +1132,132 @@ def write_report(run_dir: str, config: dict, audit_table: str | None) -> None:
     write_file(os.path.join(run_dir, "report.md"), "\n".join(lines) + "\n")
     if metrics:
         plot_sweep(run_dir, [run_dir], os.path.join(run_dir, "curve.png"))  # the same figure, one seed
+
+
+# ------------------------------------------------------------ figures: the replay GIF and the audits' plots (audit.py)
+
+
+CELL_COLOURS = {"#": "#555555", "X": "#9a8c7a", ".": "#ffffff", " ": "#ffffff", "g": "#b9e4b0",
+                "b": "#c08a4a", "H": "#7a4a1e", "f": "#f4a340", "O": "#f1dd5a", "D": "#a8d0f0", "P": "#444444",
+                "C": "#e07b39", "R": "#d62f2f", "S": "#5fb760", "o": "#f1dd5a", "d": "#a8d0f0", "s": "#d62f2f"}
+
+
+AGENT_COLOURS = ("#1f6fd1", "#d1341f", "#2a9d3a", "#8e44ad")
+
+
+CELL_LABELS = {"b": "box", "H": "heavy", "f": "food", "O": "onion", "D": "dish", "P": "pot", "C": "cook",
+               "R": "soup", "S": "serve", "o": "onion", "d": "dish", "s": "soup"}
+
+
+def replay_gif(steps: list[tuple[str, list[str], dict]], path: str, title: str) -> None:
+    """An animated GIF of a recorded episode: the grid (every game's render() characters as coloured cells,
+    agents as numbered discs, objects named as the options name them: Game.labels()), each agent's current
+    option as a caption, and the step, reward and score."""
+    images = []
+    for frame, doing, labels in steps:
+        *grid, status = frame.split("\n")
+        rows, cols = len(grid), len(grid[0])
+        fig = new_figure(figsize=(max(3.2, 0.45 * cols + 0.6), 0.45 * rows + 1.5), dpi=80)
+        ax = fig.add_axes((0.02, 0.34, 0.96, 0.58))
+        ax.set_xlim(0, cols)
+        ax.set_ylim(rows, 0)
+        ax.set_aspect("equal")
+        ax.axis("off")
+        for r, line in enumerate(grid):
+            for c, ch in enumerate(line):
+                colour = CELL_COLOURS.get("." if ch.isdigit() else ch, "#ffffff")
+                ax.add_patch(Rectangle((c, r), 1, 1, facecolor=colour, edgecolor="#dddddd", linewidth=0.5))
+                if ch.isdigit():
+                    ax.add_patch(Circle((c + 0.5, r + 0.5), 0.38, color=AGENT_COLOURS[(int(ch) - 1) % 4]))
+                    ax.text(c + 0.5, r + 0.52, ch, ha="center", va="center", color="white", fontsize=9,
+                            fontweight="bold")
+                elif r * cols + c in labels or ch in CELL_LABELS:
+                    dark = sum(int(colour[k:k + 2], 16) for k in (1, 3, 5)) < 3 * 128
+                    ax.text(c + 0.5, r + 0.5, labels.get(r * cols + c, CELL_LABELS.get(ch)), ha="center",
+                            va="center", fontsize=5, linespacing=0.9, color="white" if dark else "black")
+        fig.text(0.02, 0.97, title, fontsize=7, va="top")
+        fig.text(0.02, 0.28, status, fontsize=6, va="top")
+        for i, text in enumerate(doing):
+            fig.text(0.02, 0.18 - 0.08 * i, f"agent {i + 1}: {text}", fontsize=7, va="top",
+                     color=AGENT_COLOURS[i % 4])
+        fig.canvas.draw()
+        images.append(Image.frombuffer("RGBA", fig.canvas.get_width_height(), fig.canvas.buffer_rgba()).convert("P"))
+    buffer = io.BytesIO()
+    images[0].save(buffer, format="GIF", save_all=True, append_images=images[1:], duration=350, loop=0)  # ms a frame
+    write_file(path, buffer.getvalue())
+
+
+def plot_over_training(rows: list[dict], path: str, solo_share: float, necessary_drop: float) -> None:
+    """PNG: score (top) and cooperation measures (bottom) over training; rows: audit.py's rows with `iteration`;
+    the audit's thresholds as dotted lines."""
+    x = [r["iteration"] for r in rows]
+    fig = new_figure(figsize=(7, 6))
+    top, bottom = fig.subplots(2, 1, sharex=True)
+    top.plot(x, [r["score"] for r in rows], marker="o")
+    top.set_ylabel("normalized score")
+    top.set_ylim(-0.05, 1.05)
+    top.set_title("reward is not cooperation")
+    bottom.plot(x, [r["min_progress_share"] for r in rows], marker="o", label="min progress share")
+    bottom.plot(x, [r["min_ablation_idle_drop_rel"] for r in rows], marker="s",
+                label="min drop when an agent idles (relative)")
+    bottom.axhline(1 - solo_share, color="gray", linestyle=":", linewidth=1)  # below: solo by share
+    bottom.axhline(necessary_drop, color="gray", linestyle="--", linewidth=1)  # above: interdependent
+    bottom.set_ylabel("cooperation")
+    bottom.set_xlabel("training iteration")
+    bottom.legend(loc="best", fontsize="small")
+    fig.tight_layout()
+    save_figure(fig, path, dpi=100)
+
+
+def read_sweep_audits(sweep: str) -> list[list[dict]]:
+    """Each finished seed's audit over training (SWEEP/seedK/audit.jsonl, written by `audit.py SWEEP/seedK`)."""
+    runs = sorted(d for d in os.listdir(sweep) if re.fullmatch(r"seed\d+", d)) if os.path.isdir(sweep) else []
+    audits = []
+    for run in runs:
+        path = os.path.join(sweep, run, "audit.jsonl")
+        if os.path.exists(path):
+            try:
+                audits.append([json.loads(line) for line in read_text(path, "audit.py's audit.jsonl")
+                               .splitlines() if line.strip()])
+            except json.JSONDecodeError as e:
+                raise InputError(f"{path} is not JSON lines ({e.msg}); expected audit.py's "
+                                          "audit.jsonl") from None
+    if not audits:
+        raise InputError(f"{sweep}: no seedK/audit.jsonl; expected a sweep folder of train.py whose runs were "
+                                  "audited over training (python audit.py SWEEP/seedK)")
+    return audits
+
+
+def plot_decoupling(sweeps: dict[str, str], path: str) -> None:
+    """The decoupling figure: per sweep (e.g. a solo-possible and a cooperation-necessary layout), over training,
+    the greedy team score and, for the agent doing more and the one doing less (ranked per seed by final
+    progress share), its progress share and the relative score drop when it idles; seed means, 95% bands."""
+    fig = new_figure(figsize=(4.2 * len(sweeps), 7.5))
+    axes = fig.subplots(3, len(sweeps), sharex="col", squeeze=False)
+    for col, (label, sweep) in enumerate(sweeps.items()):
+        audits = read_sweep_audits(sweep)
+        common = sorted(set.intersection(*[{r["iteration"] for r in a} for a in audits]))
+        rows = [[next(r for r in a if r["iteration"] == it) for it in common] for a in audits]  # (seeds, points)
+        n_agents = sum(k.endswith(".progress_share") and k.startswith("agent") for k in rows[0][0])
+        panels = [("score", {"team score": [[r["score"] for r in seed] for seed in rows]})]
+        by_share, drops = {}, {}
+        for rank, name in ((0, "agent doing more"), (n_agents - 1, "agent doing less")):
+            order = [sorted(range(n_agents), key=lambda i: -seed[-1][f"agent{i}.progress_share"]) for seed in rows]
+            by_share[name] = [[r[f"agent{o[rank]}.progress_share"] for r in seed] for seed, o in zip(rows, order)]
+            drops[name] = [[r[f"agent{o[rank]}.ablation_idle_drop_rel"] for r in seed] for seed, o in zip(rows, order)]
+        panels += [("progress share", by_share), ("score drop when it idles (relative)", drops)]
+        for row, (ylabel, series) in enumerate(panels):
+            ax = axes[row][col]
+            for k, (name, values) in enumerate(series.items()):
+                mean, low, high = band(values)
+                ax.plot(common, mean, marker="o", color=f"C{k}", label=name)
+                ax.fill_between(common, low, high, color=f"C{k}", alpha=0.2)
+            ax.set_ylim(-0.05, 1.05)
+            ax.set_ylabel(ylabel, fontsize=8)
+            ax.legend(fontsize=7, loc="best")
+        axes[0][col].set_title(f"{label} ({len(rows)} seeds)", fontsize=9)
+        axes[-1][col].set_xlabel("training iteration (0: frozen base)")
+    fig.suptitle("Reward is not cooperation: mean over seeds, 95% bootstrap bands", fontsize=10)
+    fig.tight_layout()
+    save_figure(fig, path, dpi=100)
+

@@ -17,25 +17,20 @@ Two scorings, both exact and differentiable with respect to the agents' LoRA wei
   follow option IDENTITY, not menu position (position letters collapse under RL): ``LABEL_POOL[sha256(text)
   % len(pool)]``, collisions probed in sorted text order, so they depend only on the SET of options.
 
-Definition first: ``naive_menu_log_probs`` computes a menu's probabilities as written above, one full
-prompt + option forward per option. ``MenuPolicy.menu_log_probs`` computes the same numbers fast:
-
-- identical decisions are scored once;
-- a decision is one packed row, its prompt then its options as a token tree under a tree attention mask,
-  so the prompt and the options' shared prefixes are encoded once;
-- rows of many decisions and agents share one left-padded batch (peft's mixed-adapter forward);
-- the vocabulary head runs only where a prediction is read;
+``naive_menu_log_probs`` is the definition (one forward per option); ``MenuPolicy.menu_log_probs`` the same, fast:
+- identical decisions are scored once; the vocabulary head runs only where a prediction is read;
+- a decision is one row, its prompt then its options as a token tree under a tree attention mask (shared
+  prefixes encoded once); rows of many decisions and agents share a batch (peft's mixed-adapter forward);
 - trunk replay: with adapters in the top k of n layers only (``LoRA(layers=k)``), a ``trunk_cache`` keeps the
-  bottom n - k layers' output for each prompt + menu from its first scoring (the rollouts), and later
-  scorings of it (the update) run only the top k layers.
+  bottom n - k layers' output of each prompt + menu from its first scoring (the rollouts); later scorings (the
+  update) run only the top k layers.
 
-Log-probs are float32 in any dtype. In bfloat16 the two scorers differ in summation order (~0.05 in
-log-prob), so both log-probs of a GRPO ratio must come from ``menu_log_probs``.
+Log-probs are float32; in bfloat16 the two scorers sum in different orders: take both of a GRPO ratio from
+``menu_log_probs``.
 
 Needs: envs (the game type), options (runner, menus, text views), plumbing (error types).
-Test: ``HF_HUB_OFFLINE=1 pytest -q test_all.py -k policy`` (the random ``tiny`` preset);
-``test_policy_packed_scoring_matches_naive_on_the_first_call`` checks the fast scorer against the naive one,
-``test_policy_trunk_cache_replays_exactly`` trunk replay against a full forward.
+Test: ``HF_HUB_OFFLINE=1 pytest -q test_all.py -k policy`` (the random ``tiny`` preset), among them
+``test_policy_packed_scoring_matches_naive_on_the_first_call`` and ``test_policy_trunk_cache_replays_exactly``.
 """
 
 from __future__ import annotations
@@ -83,8 +78,6 @@ class LoRA:
 
 
 # ----------------------------------------------------------------------------- decisions and labels
-
-
 @dataclass(frozen=True)
 class Decision:
     """One choice to score: which adapter, the full prompt text and the menu of option texts."""
@@ -119,8 +112,6 @@ def option_labels(menu: list[str] | tuple[str, ...], pool: tuple[str, ...]) -> l
 
 
 # ----------------------------------------------------------------------------- the definition: one option at a time
-
-
 @contextlib.contextmanager
 def _only_adapter(policy: MenuPolicy, agent: str | None):
     """Activate one agent's adapter (or none) for a plain forward; restore trainability after."""
@@ -138,8 +129,7 @@ def _only_adapter(policy: MenuPolicy, agent: str | None):
 
 
 def naive_menu_log_probs(policy: MenuPolicy, decision: Decision) -> torch.Tensor:
-    """log pi(. | decision) as defined: one full (prompt + option) sequence per forward, no packing, cache or
-    batch. The reference that the fast `MenuPolicy.menu_log_probs` is tested against."""
+    """log pi(. | decision) as defined: one (prompt + option) forward per option; what menu_log_probs must match."""
     prompt, options = policy.tokenize_decision(decision)
     device = policy.device
     with torch.no_grad(), _only_adapter(policy, decision.adapter):
@@ -149,7 +139,6 @@ def naive_menu_log_probs(policy: MenuPolicy, decision: Decision) -> torch.Tensor
         scores = []
         for option in options:
             ids = torch.tensor([prompt + option], device=device)  # (1, P + L)
-            # logits of the last L + 1 positions only (the trunk still runs the full sequence)
             logits = policy.peft(input_ids=ids, logits_to_keep=len(option) + 1).logits[0]  # (L + 1, V)
             logits = logits.float()
             token_logp = torch.log_softmax(logits[:-1], dim=-1)  # position t predicts token t + 1
@@ -158,24 +147,18 @@ def naive_menu_log_probs(policy: MenuPolicy, decision: Decision) -> torch.Tensor
 
 
 # ----------------------------------------------------------------------------- the policy
-
-
 class MenuPolicy:
     """One base LLM with one private LoRA adapter per agent; a categorical policy over option menus.
 
-    The wrapped model is always in eval mode (dropout off, and peft allows mixed-adapter batches
-    only in eval mode); gradients still flow when ``menu_log_probs(..., grad=True)``, and every
-    forward's activations then stay alive until ``backward``, so call it per minibatch. The policy
-    takes ownership of ``model``: peft injects the LoRA layers into it in place (in float32 on a
-    bfloat16 base).
-    """
+    The model stays in eval mode (no dropout; peft mixes adapters in a batch only in eval mode); with
+    ``menu_log_probs(..., grad=True)`` activations live until ``backward``, so call it per minibatch. The policy
+    owns ``model``: peft injects the LoRA layers into it in place (float32 on a bfloat16 base)."""
 
     max_batch_tokens = 4096  # padded tokens per forward: bounds activation memory
 
     def __init__(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, agents: list[str],
                  lora: LoRA = LoRA(), scoring: str = "text", seed: int = 0):
         from peft import LoraConfig, get_peft_model
-
         if scoring not in SCORINGS:
             raise ValueError(f"scoring must be one of {SCORINGS}, got {scoring!r}")
         if not agents or len(set(agents)) != len(agents) or BASE in agents:
@@ -191,14 +174,11 @@ class MenuPolicy:
         self.label_pool = tuple(x for x in LABEL_POOL if len(self._ids(x)) == 1)
         # the packed tree mask replaces the model's own masks, sliding-window ones included (gemma3: 512)
         self.sliding_window = getattr(model.config, "sliding_window", None)
-        # option texts repeat a lot: tokenize each once (bounded anyway)
         self._option_tokens = functools.lru_cache(maxsize=100_000)(lambda text: self._ids(text) + self.end_ids)
         n_layers = model.config.num_hidden_layers
         if lora.layers < 0:
             raise ValueError(f"LoRA layers must be >= 0 (0 or >= {n_layers}: every layer), got {lora.layers}")
-        # adapting only the top k layers: the layers below carry no autograd graph and compute the same
-        # for every agent and the base, so the update can replay their cached output (see trunk_cache)
-        self.trunk = n_layers - lora.layers if 0 < lora.layers < n_layers else 0  # layers below the adapters
+        self.trunk = n_layers - lora.layers if 0 < lora.layers < n_layers else 0  # layers below: replayable
         top = list(range(self.trunk, n_layers)) if self.trunk else None  # None: every layer
         config = LoraConfig(r=lora.rank, lora_alpha=lora.alpha, target_modules=list(lora.targets),
                             layers_to_transform=top, lora_dropout=0.0, bias="none")  # eval mode always
@@ -231,12 +211,9 @@ class MenuPolicy:
         return self.peft.get_input_embeddings().weight.device
 
     # ------------------------------------------------------------------ prompts
-
     def build_prompt(self, system: str, view: str, menu: list[str]) -> str:
-        """Chat-formatted prompt (system = rules; user = view [+ labelled menu]) ending where the answer starts.
-
-        Text scoring does not list the menu: every option is scored as a continuation anyway, and the
-        listing would more than double the prompt."""
+        """Chat prompt (system = rules; user = view [+ labelled menu]) ending where the answer starts. Text
+        scoring omits the menu: each option is scored as a continuation; the list would more than double the prompt."""
         if self.scoring == "label":
             lines = [f"{label}: {text}" for label, text in zip(option_labels(menu, self.label_pool), menu)]
             user = f"{view}\nOptions:\n" + "\n".join(lines) + "\nAnswer with the letter of one option."
@@ -258,14 +235,10 @@ class MenuPolicy:
         return prompt_ids, [self._option_tokens(text) for text in decision.menu]
 
     # ------------------------------------------------------------------ scoring, fast: packed token trees
-
     def menu_log_probs(self, decisions: list[Decision], grad: bool = False,
                        trunk_cache: dict | None = None) -> list[torch.Tensor]:
-        """log pi(. | decision) over each menu: a (K_i,) float32 tensor whose logsumexp is 0.
-
-        trunk_cache (used only when adapters sit in the top layers, LoRA.layers > 0): a dict the caller
-        keeps; decisions whose prompt + menu it holds run only the layers above the trunk, the others
-        are scored in full and their trunk output is stored in it."""
+        """log pi(. | decision) over each menu: a (K_i,) float32 tensor whose logsumexp is 0. trunk_cache (the
+        caller's dict; LoRA.layers > 0 only): decisions it holds replay their trunk, the others fill it."""
         if self.peft.training:  # mixed-adapter batches need eval mode; it also keeps dropout off
             self.peft.eval()
         unique: dict[Decision, int] = {}  # identical decisions are scored once
@@ -299,10 +272,8 @@ class MenuPolicy:
 
     def _score_batch(self, rows: list[tuple[Decision, list[int], list[list[int]]]], trunk: list[torch.Tensor] | None,
                      capture: bool) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-        """One packed forward for a batch of distinct decisions, rows = (decision, prompt ids, option targets).
-
-        Returns (log pi over each menu, each row's trunk output (T_b, H) if capture else []). trunk: the
-        rows' cached trunk outputs, replayed instead of running the bottom layers."""
+        """One packed forward of distinct decisions, rows = (decision, prompt ids, option targets), trunk: their
+        cached trunk outputs. Returns (log pi over each menu, each row's trunk output (T_b, H) if capture else [])."""
         text = self.scoring == "text"
         targets = [row_targets for _, _, row_targets in rows]
         packed = [self._pack_tree(prompt, row_targets if text else []) for _, prompt, row_targets in rows]
@@ -320,8 +291,7 @@ class MenuPolicy:
 
     @staticmethod
     def _pack_tree(prompt: list[int], options: list[list[int]]) -> tuple[list, list, list, list]:
-        """One packed row: the prompt, then the options as a token tree whose shared prefixes are stored once
-        ("push box 1 north" and "push box 1 south" share "push box 1"). Returns per packed token (ids, position
+        """One packed row: the prompt, then the options as a token tree. Returns per packed token (ids, position
         ids, parent: the index it continues) and per option its path (the packed index of each of its tokens)."""
         ids, position, parent, paths = list(prompt), list(range(len(prompt))), list(range(-1, len(prompt) - 1)), []
         child: dict[tuple[int, int], int] = {}  # (parent index, token) -> packed index of that tree node
@@ -340,10 +310,8 @@ class MenuPolicy:
 
     @staticmethod
     def _tree_mask(packed: list[tuple], prompt_lengths: list[int], width: int, dtype: torch.dtype) -> torch.Tensor:
-        """Additive attention mask (B, T, T) of left-padded packed rows: 0 where a query sees a key, else -inf-ish.
-
-        A prompt token sees the prompt up to itself; a tree token sees the prompt and its ancestors. Padding
-        queries see themselves only (keeps softmax finite; never read)."""
+        """Additive mask (B, T, T) of left-padded rows: a prompt token sees the prompt up to itself, a tree token
+        the prompt and its ancestors, padding itself only (keeps softmax finite; never read)."""
         allowed = torch.eye(width, dtype=torch.bool).repeat(len(packed), 1, 1)  # (B, T, T)
         for b, ((ids, _, parent, _), prompt_length) in enumerate(zip(packed, prompt_lengths)):
             n, pad = len(ids), width - len(ids)
@@ -358,9 +326,7 @@ class MenuPolicy:
     def _forward(self, packed: list[tuple], prompt_lengths: list[int], adapters: list[str], keep: int,
                  trunk: list[torch.Tensor] | None, capture: bool) -> tuple[torch.Tensor, list[torch.Tensor]]:
         """The packed rows, left-padded, through the decoder layers, the trunk replayed (trunk given) or captured.
-
-        Returns (the final hidden states of the last `keep` columns (B, keep, H), each row's trunk output
-        without its padding (T_b, H) if capture else [])."""
+        Returns (final hidden states (B, keep, H), each row's unpadded trunk output (T_b, H) if capture else [])."""
         device = self.device
         width = max(len(ids) for ids, _, _, _ in packed)  # T
         input_ids = torch.full((len(packed), width), self.pad_id, dtype=torch.long)  # (B, T)
@@ -385,10 +351,8 @@ class MenuPolicy:
 
     def forward_layers(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor,
                        keep: int, adapter_names: list[str]) -> torch.Tensor:
-        """The model's forward without its vocabulary head: the normed final hidden states of the last `keep`
-        columns (B, keep, H). The head is the dominant cost of scoring option texts (a vocabulary-wide
-        normalization per option token), so `head_logits` runs it afterwards only where a prediction is read.
-        bench.py profiles this as "layers"."""
+        """The model's forward without its vocabulary head (`head_logits` runs it where a prediction is read):
+        the normed final hidden states of the last `keep` columns (B, keep, H). bench.py's "layers"."""
         base = self.peft.get_base_model()
         head, cap = base.lm_head, getattr(base.config, "final_logit_softcapping", None)
         base.lm_head = torch.nn.Identity()  # and final-logit soft-capping off: the "logits" are hidden states
@@ -403,8 +367,7 @@ class MenuPolicy:
                 base.config.final_logit_softcapping = cap
 
     def head_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """The model's own output logits for final hidden states (..., H) -> (..., V): its vocabulary head,
-        then final-logit soft-capping where the model has it. bench.py profiles it as "head"."""
+        """Vocabulary head, then final-logit soft-capping if any: (..., H) -> (..., V). bench.py's "head"."""
         base = self.peft.get_base_model()
         logits = base.lm_head(hidden)
         cap = getattr(base.config, "final_logit_softcapping", None)
@@ -412,13 +375,11 @@ class MenuPolicy:
 
     @contextlib.contextmanager
     def _trunk(self, replay: torch.Tensor | None, capture: bool):
-        """Replay given trunk outputs (the bottom layers return them instead of computing), or capture
-        the trunk's output (the input of layer `trunk`); yields a list that receives the capture."""
+        """Replay `replay` as the bottom layers' output (they compute nothing), or capture it into the yielded list."""
         captured: list[torch.Tensor] = []
 
         def keep_input(module, args, kwargs):
             captured.append((args[0] if args else kwargs["hidden_states"]).detach())
-
         bottom = list(self.layers[: self.trunk]) if replay is not None else []
         for i in range(len(bottom)):
             self.layers[i] = _Replay(replay)
@@ -432,20 +393,17 @@ class MenuPolicy:
                 handle.remove()
 
     def _label_log_probs(self, hidden: torch.Tensor, labels: list[list[list[int]]]) -> list[torch.Tensor]:
-        """Label scoring: log pi over each menu from the next-token logits of its options' labels.
-        hidden: (B, 1, H); labels[b]: each option's label as a one-token list."""
+        """log pi over each menu from its labels' next-token logits; hidden (B, 1, H), labels[b][k] = [label id]."""
         logits = self.head_logits(hidden[:, -1])  # (B, V)
         label_ids = [torch.tensor([o[0] for o in options], device=self.device) for options in labels]
         return [torch.log_softmax(logits[b, ids].float(), dim=-1) for b, ids in enumerate(label_ids)]
 
     def _text_log_probs(self, hidden: torch.Tensor, packed: list[tuple],
                         options: list[list[list[int]]]) -> list[torch.Tensor]:
-        """Text scoring: log pi over each menu from the per-token mean log-likelihood of each option.
-        hidden: (B, keep, H), the last `keep` columns of the packed rows; options[b]: row b's option tokens."""
+        """log pi per menu from its options' mean token log-likelihood; hidden (B, keep, H), options[b]: row b's."""
         device = self.device
         width = max(len(ids) for ids, _, _, _ in packed)  # T
-        # token t of an option is predicted by the hidden state of its parent in the tree (the last prompt
-        # token for t = 0); a parent shared by several options is read once
+        # option token t is predicted by its tree parent's hidden state (t = 0: the last prompt token), read once
         where, position_of, target_of, option_of = [], [], [], []  # where: (row, column) read; rest per token
         option_id = 0  # global index of an option across the batch
         first = width - hidden.shape[1]  # absolute position of kept column 0
@@ -475,7 +433,6 @@ class MenuPolicy:
         return [torch.log_softmax(s, dim=-1) for s in torch.split(score, menu_sizes)]  # over each menu
 
     # ------------------------------------------------------------------ adapters
-
     def agent_parameters(self, agent: str) -> list[torch.nn.Parameter]:
         """That agent's LoRA matrices only (what its optimizer updates)."""
         if agent not in self.agents:
@@ -483,14 +440,12 @@ class MenuPolicy:
         return [p for name, p in self.peft.named_parameters() if "lora_" in name and f".{agent}." in name]
 
     def save_adapters(self, folder: str) -> None:
-        """folder/<agent>/adapter_config.json + adapter_model.safetensors (standard peft format)."""
-        # peft writes an adapter not named "default" to folder/<name>/ (plus a README.md model card)
+        """folder/<agent>/adapter_config.json + adapter_model.safetensors (+ README.md): peft's format."""
         self.peft.save_pretrained(folder, selected_adapters=self.agents)
 
     def load_adapters(self, folder: str) -> None:
         """Load every agent's adapter from folder (as written by save_adapters); all or nothing."""
         from safetensors.torch import load_file
-
         staged = []
         for agent in self.agents:
             where = Path(folder) / agent
@@ -530,10 +485,7 @@ class _Replay(torch.nn.Module):
 
 
 # ----------------------------------------------------------------------------- acting: batched play over the runner
-# The lockstep loop every LLM team plays through: training rollouts (pamagrpo.py), evaluations and the audits
-# (audit.py) all sit on it, so the audits never import the algorithm.
-
-
+# The lockstep loop of every LLM team: rollouts (pamagrpo.py), evaluations and audits (audit.py, no algorithm).
 EVAL_ITERATION = 1 << 30  # the "iteration" of evaluation sampling seeds, apart from any training one
 
 
@@ -568,9 +520,8 @@ def sampling_generator(seed: int, iteration: int, start: int, rollout: int) -> t
 
 
 def sample_choice(logp: torch.Tensor, temperature: float, generator: torch.Generator) -> int:
-    """Sample from softmax(logp / T); T == 0 is greedy (lowest index on ties). The log-probs leave the policy's
-    device as CPU float64 first, so the CPU generator never meets a GPU tensor and the same log-probs give the
-    same choice on any device."""
+    """Sample from softmax(logp / T); T == 0 is greedy (lowest index on ties). On CPU in float64 first, so the
+    same log-probs give the same choice on any device."""
     logp = logp.detach().to("cpu", torch.float64)  # (K,)
     if temperature <= 0:
         return int(torch.argmax(logp))
@@ -580,11 +531,9 @@ def sample_choice(logp: torch.Tensor, temperature: float, generator: torch.Gener
 
 def play(task: options_lib.Task, seeds: list[int], policy: MenuPolicy, agents: list[str | None],
          temperature: float | list[float], generators: list[torch.Generator], trunk_cache: dict | None = None):
-    """Play one episode of the task from each start state in `seeds`, in lockstep, batching every pending
-    decision of every rollout into one scoring call. agents[i]: adapter name of agent i, None for the frozen base,
-    or a `choose(runner, agent, menu)` function (a scripted stand-in, not recorded as a step). temperature: one for
-    every rollout, or one per rollout (0: greedy). trunk_cache: filled with every decision's trunk output for the
-    update (MenuPolicy.menu_log_probs). Returns (runners, steps)."""
+    """One episode from each start state in `seeds`, in lockstep, every pending decision in one scoring call.
+    agents[i]: agent i's adapter name, None for the frozen base, or a scripted `choose(runner, agent, menu)` (not
+    recorded as a step). temperature: one, or one per rollout (0: greedy). Returns (runners, steps)."""
     temperatures = temperature if isinstance(temperature, list) else [temperature] * len(seeds)
     runners = []
     for seed in seeds:

@@ -958,7 +958,7 @@ def test_audit_replay_table_plot_and_cli(tmp_path, capsys):
     assert len(lines) == 3 and lines[0].startswith("| game | score |") and "| 1.00 |" in lines[2]
     records = [{"iteration": k, "score": k / 4, "min_progress_share": 0.1 * k, "min_ablation_idle_drop_rel": 0.0}
                for k in range(5)]
-    audit.plot_over_training(records, str(tmp_path / "audit.png"))
+    plumbing.plot_over_training(records, str(tmp_path / "audit.png"), audit.SOLO_SHARE, audit.NECESSARY_DROP)
     assert (tmp_path / "audit.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     audit.main(["--reference", "--seeds", "2"])
     out = capsys.readouterr().out
@@ -2335,7 +2335,7 @@ def test_replay_gif_has_one_frame_a_step_with_captions(tmp_path, game_name):
         assert image.format == "GIF" and image.n_frames == steps + 1  # the start state, then every step
         image.seek(image.n_frames - 1)
         colours = {c for _, c in image.convert("RGB").getcolors(1 << 16)}
-    assert tuple(int(audit.AGENT_COLOURS[0][k:k + 2], 16) for k in (1, 3, 5)) in colours  # agent 1 drawn
+    assert tuple(int(plumbing.AGENT_COLOURS[0][k:k + 2], 16) for k in (1, 3, 5)) in colours  # agent 1 drawn
 
 
 @pytest.mark.parametrize("game_name", list(envs.GAMES))
