@@ -1,19 +1,14 @@
 """The spatial cooperative games: layouts, state, `step`, attributed events, text views.
 
 Three grid games share one shape (the `Game` base class): an ASCII layout is parsed and validated,
-`reset(seed)` places agents (and, in `forage`, food) with a `numpy.random.Generator`, `step(actions)`
-applies one joint primitive action and returns `(reward, terminated, truncated, events)`, where each
-event is `(kind, agents, obj)`: what moved the task forward, which agent(s) caused it, on which object.
-The audits (audit.py) are built on these events. `score` is the normalized return in [0, 1]
-(the fraction of the layout's achievable reward).
+`reset(seed)` places agents (and, in `forage`, food) with a `numpy.random.Generator`, and `step(actions)`
+applies one joint primitive action and returns `(reward, terminated, truncated, events)`, each event being
+`(kind, agents, obj)`: what moved the task forward, which agent(s) caused it, on which object (the audits in
+audit.py are built on them). `score` is the fraction of the layout's achievable reward earned, in [0, 1].
+Primitive actions (every game): 0 stay, 1 north, 2 south, 3 west, 4 east, 5 interact (`load` in forage; a
+no-op in coop_push). Movement is one helper, `Game.resolve_moves`, with one rule per game.
 
-Primitive actions (every game): 0 stay, 1 north, 2 south, 3 west, 4 east, 5 interact (`load` in forage;
-a no-op in coop_push). One movement helper (`Game.resolve_moves`) with one rule per game: forage follows
-lb-foraging (agents that claim one cell all stay; following and swapping are allowed), kitchen follows
-Overcooked-AI (two agents ending in one cell or swapping cells is a collision and nobody moves; following is
-allowed), coop_push keeps its own rule (a cell occupied at the start of the step cannot be entered).
-
-Layout files: the map (one character a cell) and, after it, optional `key: value` lines, e.g.
+Layout files: the map (one character a cell; agents are the digits 1..9), then optional `key: value` lines:
 
     #######
     #ggggg#
@@ -22,9 +17,7 @@ Layout files: the map (one character a cell) and, after it, optional `key: value
     #######
     max_steps: 60
 
-Agents are the digits 1..9 in every game. A malformed layout raises `LayoutError` naming the line and
-column and what was expected.
-
+A malformed layout raises `LayoutError` naming the line and column and what was expected.
 `python envs.py --layout my_map.txt` checks a layout and shows a start state; `python options.py --game kitchen
 --show` watches the scripted team play. The games import nothing above them.
 """
@@ -55,13 +48,9 @@ def offset_words(dr: int, dc: int) -> str:
 
 
 # ----------------------------------------------------------------------------- the shared game shape
-
-
 class Game:
-    """Base class: a grid, agents, a step counter, a team return. Subclasses implement the rules.
-
-    Cells are flat integers `r * width + c`; `delta[a]` moves a cell by action `a`.
-    """
+    """Base class: a grid, agents, a step counter, a team return; subclasses implement the rules.
+    Cells are flat integers `r * width + c`; `delta[a]` moves a cell by action `a`."""
 
     name = "game"
     rules = ""  # one or two sentences for the LLM's system prompt
@@ -122,8 +111,7 @@ class Game:
         raise NotImplementedError
 
     def labels(self) -> dict[int, str]:
-        """Names of the objects on cells, as the options' texts number them (`box 2`, `food 3`, `pot 1`); the
-        replay pictures write them in their cells (audit.replay_gif)."""
+        """Names of objects by cell, numbered as in the options' texts (`box 2`), for audit.replay_gif."""
         return {}
 
     # -- shared
@@ -136,8 +124,7 @@ class Game:
         self.reset_objects(self.rng)
         self.pos = list(self.agent_starts)
         if self.random_starts:
-            # each agent starts on a random free cell of the region its marked start lies in, so layouts
-            # split into rooms (forced_coordination) keep one agent per room
+            # a random free cell of the agent's start region, so a layout split into rooms keeps one agent per room
             taken = self.occupied_cells()
             for i, start in enumerate(self.agent_starts):
                 free = [c for c in self.regions[start] if c not in taken]
@@ -182,8 +169,7 @@ class Game:
         return set()
 
     def unsolvable(self) -> str | None:
-        """Why the layout's full reward can never be earned (an object out of every agent's reach, a food above
-        the levels that can reach it, ...), or None. A static reachability test over the map (per game)."""
+        """Why the layout's full reward can never be earned (per game: a static reachability test), or None."""
         return None
 
     def where(self, cell: int) -> str:
@@ -222,16 +208,15 @@ class Game:
     def resolve_moves(self, actions: list[int], free) -> list[int]:
         """The agents' cells after one joint action, by the game's `movement` rule.
 
-        Every rule starts the same way: each agent claims the cell its move enters if `free(cell)` (walkable
-        now, agents aside), else its own cell (no move, a blocked move, interact). Then, by `movement`:
-        - "lb-foraging" (forage): two or more agents claiming one cell all stay; everyone else moves. So an agent
-          may follow another into the cell it is leaving, and two agents may swap. With 3+ agents lb-foraging
-          can then put two agents on one cell (a mover enters the cell of an agent whose own move failed); here
-          that mover stays too, repeated until no cell holds two agents. With 2 agents this never happens.
+        Each agent claims the cell its move enters if `free(cell)` (walkable now, agents aside), else its own
+        cell (no move, a blocked move, interact). Then, by `movement`:
+        - "lb-foraging" (forage): agents claiming one cell all stay; everyone else moves, so following and
+          swapping are allowed. With 3+ agents a mover can then enter the cell of an agent whose move failed
+          (lb-foraging stacks the two); here that mover stays too, repeated until no cell holds two agents.
         - "overcooked" (kitchen, Overcooked-AI's `_handle_collisions`): if any two agents would end in one cell
           or swap cells, nobody moves; otherwise everyone moves (following is allowed).
         - "blocking" (coop_push, this project's own rule): a cell an agent occupied at the start of the step
-          cannot be entered; two or more agents claiming one cell all stay.
+          cannot be entered; agents claiming one cell all stay.
         """
         pos, n = self.pos, self.n_agents
         claims = []
@@ -272,10 +257,8 @@ def in_words(n: int, word: str) -> str:
 
 
 # ----------------------------------------------------------------------------- start states: train / validation / test
-
-# Every start state belongs to one split, by a hash of its key (Game.start_key), not by its seed integer: two
-# seeds that start the same episode always land in the same split, so training, validation (checkpoint
-# selection) and test (every reported score) never share a start state, whatever the seeds.
+# A start state's split is a hash of its key (Game.start_key), not of its seed, so training, validation
+# (checkpoint selection) and test (every reported score) never share a start state, whatever the seeds.
 SPLITS = {"test": 0.2, "validation": 0.1, "train": 0.7}  # shares of the start-state space
 SPLIT_FIRST_SEED = {"test": 1_000_000, "validation": 2_000_000}  # where the fixed test/validation scans start
 SCAN_LIMIT = 200  # a scan for N start states tries at most 200 * N + 2000 seeds
@@ -292,10 +275,9 @@ def split_of(key: tuple) -> str:
 
 
 def split_seeds(game: Game, split: str, count: int, first: int | None = None, distinct: bool = True) -> list[int]:
-    """`count` seeds whose start states lie in `split`, scanning first, first + 1, ... (default: the split's
-    fixed scan start, so every run and audit sees the same test states). distinct: no two seeds start the
-    same episode. A layout with fewer such start states returns all it has (fewer than `count`; callers say
-    so). Resets `game`."""
+    """Up to `count` seeds whose start states lie in `split`, scanning first, first + 1, ... (default: the split's
+    fixed start, so every run and audit sees the same test states); distinct: no two start the same episode
+    (a layout with fewer returns all it has; callers say so). Resets `game`."""
     first = SPLIT_FIRST_SEED[split] if first is None else first
     seeds, seen = [], set()
     for seed in range(first, first + SCAN_LIMIT * count + 2000):
@@ -310,21 +292,18 @@ def split_seeds(game: Game, split: str, count: int, first: int | None = None, di
 
 
 # ----------------------------------------------------------------------------- coop_push
-
-
 class CoopPush(Game):
     """Cooperative box pushing (Seuken & Zilberstein 2007; macro-action version of Amato et al.).
 
     Map: '#' wall, '.' floor, 'g' goal cell, 'b' small box, 'HH' heavy box (1x2, horizontal), digits agents.
     Actions: stay, north, south, west, east (interact = stay).
-    Rules: an agent that moves into a box pushes it one cell if the cells beyond are free (floor or goal,
-    no box, no agent). A small box moves when its pushers agree on one direction; the heavy box moves only
-    when at least two agents push it in the same direction in the same step (and nobody pushes it another
-    way). Pushers of a moved box step into the cell it left; otherwise they stay. Movement (this game's own
-    rule, "blocking" in Game.resolve_moves): an agent cannot enter a cell another agent stood on at the start
-    of the step, and two agents moving into one cell both stay.
-    Reward: a box whose cells all lie on goal cells is delivered and removed: small 10, heavy 100
-    (the classic benchmark's values). Terminated when every box is delivered; truncated at max_steps.
+    Rules: an agent moving into a box pushes it one cell if the cells beyond are free (floor or goal, no box,
+    no agent). A small box moves when its pushers agree on one direction; the heavy box only when at least
+    two agents push it the same way in the same step (and nobody pushes it another way). Pushers of a moved
+    box step into the cell it left; otherwise they stay. Movement ("blocking" in Game.resolve_moves): no agent
+    enters a cell another agent stood on at the start of the step; two agents moving into one cell both stay.
+    Reward: a box whose cells all lie on goal cells is delivered and removed: small 10, heavy 100 (the classic
+    benchmark's values). Terminated when every box is delivered; truncated at max_steps.
     Events: ('box_toward_goal', pushers, box) when a push brings the box closer to the goal,
     ('box_delivered', pushers, box), and ('joint_push', pushers, box) when the heavy box moves.
     """
@@ -470,8 +449,7 @@ class CoopPush(Game):
                     del box_at[c]
                 reward += self.box_value[k]
                 events.append(("box_delivered", agents, k))
-        # phase 3: movement. Pushers of a moved box step into the cell it left; an agent walking into a
-        # box that did not move, or into a cell a box or a pusher just entered, stays.
+        # phase 3: movement; an agent walking into an unmoved box or a cell a box or pusher just entered stays
         old_pos = list(pos)
         pusher_cells = {pos[i] + delta[actions[i]] for i in moved_pushers}
         moves = [0 if i in moved_pushers else a for i, a in enumerate(actions)]
@@ -482,7 +460,7 @@ class CoopPush(Game):
         return r, term, trunc, events
 
     def view(self, agent: int) -> str:
-        """Relations in words, one line per object (what a small LLM can use; see design.md)."""
+        """Relations in words, one line per object (what a small LLM can use)."""
         lines = []
         for j in range(self.n_agents):
             if j != agent:
@@ -516,29 +494,27 @@ class CoopPush(Game):
 
 
 # ----------------------------------------------------------------------------- forage
-
-
 class Forage(Game):
     """Level-based foraging (Albrecht & Ramamoorthy 2013), following lb-foraging 2.0.0's `step` and `spawn_food`.
 
-    Map: '.' floor, '#' wall, 'f' food, digits agents. Options: `agent_levels`, `food_levels` (one per 'f',
-    in reading order), `random_food` (spawn the food as lb-foraging does: off the border, at Manhattan
-    distance > 2 from every other food), `random_starts`, `max_steps`.
+    Map: '.' floor, '#' wall, 'f' food, digits agents. Options: `agent_levels`, `food_levels` (one per 'f', in
+    reading order), `random_food` (spawn as lb-foraging does: off the border, at Manhattan distance > 2 from
+    every other food), `random_starts`, `max_steps`.
     Actions: none, north, south, west, east, load.
     Rules, in lb-foraging's phases: (1) validate: a move is valid if its target is inside the grid, not a wall
-    and holds no food (agents do not make a move invalid); an invalid move stays. (2) collisions: every agent
-    claims the cell it moves into (or its own cell); two or more agents claiming one cell all stay, so an
-    agent may follow another into the cell it leaves, and two agents may swap. (3) loads, in agent order:
-    a loader takes the first food adjacent to it, looking north, south, west, east (one food, as lb-foraging's
-    `adjacent_food_location`); every loader adjacent to that food joins the attempt and is done for this step;
-    the food is collected if their levels sum to at least its level.
-    Reward (team): a collected food is worth its level / the sum of all food levels, so collecting all food
-    is worth 1.0. Terminated when all food is collected; truncated at max_steps (lb-foraging's 50).
+    and holds no food (agents do not make it invalid); an invalid move stays. (2) collisions: every agent
+    claims the cell it moves into (or its own); agents claiming one cell all stay, so following and swapping
+    are allowed. (3) loads, in agent order: a loader takes the first food adjacent to it, looking north,
+    south, west, east (one food, as lb-foraging's `adjacent_food_location`); every loader adjacent to that
+    food joins the attempt and is done for this step; the food is collected if their levels sum to at least
+    its level.
+    Reward (team): a collected food is worth its level / the sum of all food levels (all food: 1.0).
+    Terminated when all food is collected; truncated at max_steps (lb-foraging's 50).
     Events: ('food_loaded', loaders, food), plus ('joint_load', loaders, food) when two or more loaded it.
-    Deliberate departures from lb-foraging: one team reward instead of per-agent rewards; terminated vs
-    truncated told apart; fixed levels per layout (lb-foraging draws them); walls ('#') for custom maps;
-    loads resolve in agent order (lb-foraging pops a set, whose order only matters for food closer than
-    its spawn spacing allows); with 3+ agents no two agents ever share a cell (see Game.resolve_moves).
+    Departures from lb-foraging: one team reward, not per-agent rewards; terminated vs truncated told apart;
+    fixed levels per layout (lb-foraging draws them); walls ('#') for custom maps; loads resolve in agent
+    order (lb-foraging pops a set: it matters only for food closer than its spawn spacing allows); with 3+
+    agents no two agents ever share a cell (Game.resolve_moves).
     """
 
     name = "forage"
@@ -596,8 +572,7 @@ class Forage(Game):
 
     def reset_objects(self, rng: np.random.Generator) -> None:
         if self.random_food:
-            # lb-foraging's spawn_food: off the border, and neither in the 3x3 square around another food nor
-            # two cells from it along a row or column, i.e. at Manhattan distance > 2 from every other food
+            # lb-foraging's spawn_food: off the border, at Manhattan distance > 2 from every other food
             w, h = self.width, self.height
             food: list[int] = []
             candidates = [c for c in range(w * h) if not self.wall[c] and 0 < c // w < h - 1 and 0 < c % w < w - 1]
@@ -641,8 +616,7 @@ class Forage(Game):
         targets = self.resolve_moves(moves, lambda c: not self.wall[c] and c not in self.food_at)
         loaders = [i for i, a in enumerate(actions) if a == 5]
         self.pos = targets
-        # phase 3: loads (loaders did not move). Each attempt is on the first food next to a loader (north,
-        # south, west, east) and takes in every loader next to that food
+        # phase 3: loads (loaders did not move), each on the first food next to a loader, with every loader beside it
         reward = 0.0
         waiting = list(loaders)
         while waiting:
@@ -704,30 +678,28 @@ class Forage(Game):
 
 
 # ----------------------------------------------------------------------------- kitchen
-
-
 class Kitchen(Game):
     """Overcooked-style onion soup (Carroll et al. 2019).
 
     Map: ' ' floor, 'X' counter, 'O' onion dispenser, 'D' dish dispenser, 'P' pot, 'S' serving window,
     digits agents. Options: `orders` (soups to serve), `cook_time`, `max_steps`, `random_starts`, and
-    `random_contents` (each pot starts with 0-2 onions, and an onion or a dish may lie on a counter that every
+    `random_contents` (each pot starts with 0-2 onions, and an onion or a dish may lie on a counter every
     agent can reach: more distinct start states, the same maximum reward).
-    Actions: stay, north, south, west, east, interact. A move turns the agent to face that way and steps
-    if the target is free floor (otherwise it only turns); interact acts on the faced cell.
-    Rules: agents carry one item. Interact: at a dispenser with empty hands, take an onion or a dish; at a
-    pot holding an onion, add it (3 onions start cooking, done after cook_time steps); at a pot with a dish
-    when the soup is done, take the soup; at the window with soup, serve it; at a counter, put the held
-    item down or pick its item up. Agents interact in index order.
-    Reward: 20 per served soup (as in Overcooked-AI), up to `orders` soups: when two agents serve at two windows
-    in the step that fills the last order, the second keeps its soup and earns nothing (the score stays within
-    [0, 1]). Terminated when `orders` soups are served; truncated
-    at max_steps. Events: ('onion_in_pot', (i,), pot), ('soup_plated', (i,), pot), ('soup_served', (i,), 0),
-    ('counter_place', (i,), cell), ('counter_take', (i,), cell), and ('handoff', (placer, taker), cell)
-    when an agent takes an item another agent put down.
-    Shaped reward (`shaping`, Overcooked-AI's reward shaping, for training only: train.py --shaping): 3 per
-    onion put in a pot, 3 per useful dish taken from a dispenser (fewer dishes held or on counters than pots
-    with onions), 5 per soup plated; never part of the reward or the score.
+    Actions: stay, north, south, west, east, interact. A move turns the agent that way and steps if the target
+    is free floor (otherwise it only turns); interact acts on the faced cell. Movement (Overcooked-AI's): if
+    two agents would end in one cell or swap cells, nobody moves; following is allowed.
+    Rules: agents carry one item. Interact: at a dispenser with empty hands, take an onion or a dish; at a pot
+    holding an onion, add it (3 onions start cooking, done after cook_time steps); at a pot with a dish when
+    the soup is done, take the soup; at the window with soup, serve it; at a counter, put the held item down
+    or pick its item up. Agents interact in index order.
+    Reward: 20 per served soup (as in Overcooked-AI), up to `orders` soups (a soup brought to a window once the
+    last order is filled, even in the same step, stays in hand and earns nothing). Terminated when `orders`
+    soups are served; truncated at max_steps. Events: ('onion_in_pot', (i,), pot), ('soup_plated', (i,), pot),
+    ('soup_served', (i,), 0), ('counter_place', (i,), cell), ('counter_take', (i,), cell), and
+    ('handoff', (placer, taker), cell) when an agent takes an item another agent put down.
+    Shaped reward (`shaping`, Overcooked-AI's, for training only: train.py --shaping): 3 per onion put in a
+    pot, 3 per useful dish taken from a dispenser (fewer dishes held or on counters than pots with onions),
+    5 per soup plated; never part of the reward or the score.
     """
 
     name = "kitchen"
@@ -747,8 +719,8 @@ class Kitchen(Game):
         # after asymmetric_advantages: each side has its own dispensers and window, the pots are shared
         "asymmetric_advantages": "XXXXXXXXX\nO XSXOX S\nX   P 2 X\nX1  P   X\nXXXDXDXXX\n"
                                  "orders: 2\ncook_time: 5\nmax_steps: 100\nrandom_starts: yes\nrandom_contents: yes\n",
-        # after forced_coordination: onions and dishes on the left, pots and window on the right;
-        # everything must be handed over the middle counters, so no single agent can serve a soup
+        # after forced_coordination: onions and dishes left, pots and window right, handed over the middle
+        # counters, so no single agent can serve a soup
         "forced_coordination": "XXXPX\nO X2P\nO1X X\nD X X\nXXXSX\norders: 2\ncook_time: 5\nmax_steps: 150\n"
                                "random_starts: yes\nrandom_contents: yes\n",
     }
@@ -813,8 +785,7 @@ class Kitchen(Game):
 
     @functools.cached_property
     def shared_counters(self) -> list[int]:
-        """Counters next to a floor cell of every agent's start region (where random contents may lie); static,
-        so computed once."""
+        """Counters next to a floor cell of every agent's start region (where random contents may lie)."""
         regions = [set(self.regions[s]) for s in self.agent_starts]
         return [c for c in self.counters
                 if all(any(n in region for n in self.neighbour_cells(c)) for region in regions)]
@@ -926,7 +897,7 @@ class Kitchen(Game):
             if j != agent:
                 who = self.partner_word(agent, j).capitalize()
                 lines.append(f"{who}: {self.relation(agent, self.pos[j])}, {hold(j)}.")
-        # the nearest station of each kind, on one line (one line each cost 6 more tokens)
+        # the nearest station of each kind, on one line to keep the prompt short
         stations = (("Onions", self.onion_dispensers), ("dishes", self.dish_dispensers), ("window", self.windows))
         lines.append(", ".join(f"{label} {self.relation(agent, self.nearest(agent, cells))}"
                                for label, cells in stations) + ".")
@@ -935,8 +906,7 @@ class Kitchen(Game):
             if state == "cooking":
                 state = f"cooking, {in_words(self.pot_timer[k], 'step')} left"
             lines.append(f"Pot {k + 1}: {state}, {self.relation(agent, c)}.")
-        # items on counters, the nearest of each kind, on one line: a crowded counter row would otherwise
-        # dominate the prompt (one line per item pushed forced_coordination prompts past 180 tokens)
+        # items on counters, the nearest of each kind, on one line: a crowded counter row would dominate the prompt
         found = []
         for item in sorted({item for item, _ in self.on_counter.values()}):
             cells = sorted((c for c, (it, _) in self.on_counter.items() if it == item),
@@ -969,14 +939,9 @@ class Kitchen(Game):
 GAMES: dict[str, type[Game]] = {"coop_push": CoopPush, "forage": Forage, "kitchen": Kitchen}
 
 
-# ----------------------------------------------------------------------------- PLUMBING: command lines and files
-# Shared by every CLI (envs.py, guards.py, audit.py, bench.py, train.py), so each treats bad input the same way:
-# one line on stderr that names the input, what is wrong and what is accepted; exit code 2; and every file is
-# written whole (a temporary file, then a rename) or not at all, so a failure never damages what was there.
-
-
+# ----------------------------------------------------------------------------- PLUMBING: checked games and the CLI
 def make_game(name: str, layout: str | None = None, seed: int = 0) -> Game:
-    """Build a game by name; an unknown name raises ValueError listing the accepted ones."""
+    """Build a game by name and check its layout; an unknown name raises InputError listing the accepted ones."""
     if name not in GAMES:
         raise plumbing.InputError(f"unknown game '{name}'; expected one of {', '.join(GAMES)}")
     game = GAMES[name](layout, seed)
@@ -988,9 +953,8 @@ CHECKED_LAYOUTS: set[tuple] = set()  # layouts check_layout has passed (it runs 
 
 
 def check_layout(game: Game) -> None:
-    """A layout the game's rules are defined for: its number of agents, and every reward reachable
-    (Game.unsolvable), so no run is scored against reward it can never earn. The game classes alone accept
-    any agent count (the movement rules are tested with three)."""
+    """A layout the game's rules are defined for: its number of agents (the classes alone accept any), and every
+    reward reachable (Game.unsolvable), so no run is scored against reward it can never earn."""
     key = (game.name, game.rows, tuple(sorted(game.options.items())))
     if key in CHECKED_LAYOUTS:
         return
@@ -1004,8 +968,6 @@ def check_layout(game: Game) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Check a layout (parse, two agents, solvable) and show a start state, or count its start states per split.
-    The games import nothing above them: a team playing is options.py's CLI (`python options.py --show`)."""
     parser = plumbing.ArgumentParser(description="Check a layout and show one of its start states, or count its start "
                                      "states per split (train / validation / test).")
     parser.add_argument("--game", default="coop_push", choices=list(GAMES))

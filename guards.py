@@ -1,26 +1,20 @@
 """Feasibility guards synthesized from random burn-in, never written by hand.
 
-The method's menus are filtered by guards learned mechanically:
-
-1. Burn-in: a uniformly random policy over the *unfiltered* grounded menu plays `episodes` episodes of
-   the layout (no LLM). Every option execution is logged with its type, arguments, the boolean facts
-   that held when it started (options.Library.facts: a generic vocabulary about self, partner and each
-   argument) and its outcome.
-2. Synthesis, per option type, over its logged executions. A candidate literal is a fact or its negation.
-   A literal is adopted as a guard only if it
-   - explains repeated failures: it is false in at least `k` logged failures not already explained by
-     the guards adopted before it, and
-   - hides no logged success: it is true in every logged success of that option type.
-   Literals are adopted greedily, most newly explained failures first (ties: by literal text); stop when
-   none qualifies. A type with fewer than `min_successes` logged successes adopts no guard, so thin
-   evidence never hides an option.
-   Departure (documented, on by default, `rounds=1` turns it off): a random policy over the unfiltered
-   menu rarely reaches the deep states of a long task (in forced_coordination it almost never plates a
-   soup), so plate/serve would stay unjudged. Later burn-in rounds (`rounds=4` by default) therefore choose
-   uniformly over the menu guarded by the previous round's guards, except that a share `explore` (0.2) of
-   the choices stays uniform over the unfiltered menu, and synthesis runs again after each round, with the
-   same rule, over the union of all rounds' logs: every option is still tried in every kind of state, and
-   any guard that a logged success contradicts is not adopted.
+1. Burn-in: a uniformly random policy over the *unfiltered* grounded menu plays `episodes` episodes of the
+   layout (no LLM), logging every option execution: its type, arguments, outcome, and the boolean facts that
+   held when it started (options.Library.facts: a generic vocabulary about self, partner and each argument).
+2. Synthesis, per option type, over its logged executions. A candidate literal is a fact or its negation. It
+   is adopted as a guard only if it hides no logged success (it is true in every one) and explains repeated
+   failures (it is false in at least `k` logged failures not explained by the guards adopted before it).
+   Literals are adopted greedily, most newly explained failures first (ties: by literal text), until none
+   qualifies. A type with fewer than `min_successes` logged successes adopts no guard (thin evidence never
+   hides an option).
+   Departure (on by default; `rounds=1` turns it off): a random policy over the unfiltered menu rarely reaches
+   the deep states of a long task (in forced_coordination it almost never plates a soup), so plate/serve would
+   stay unjudged. Later rounds therefore choose uniformly over the menu guarded by the previous round's
+   guards, except for a share `explore` of choices that stays uniform over the unfiltered menu, and synthesis
+   reruns, with the same rule, over all rounds' logs: every option is still tried in every kind of state, and
+   no guard that a logged success contradicts is adopted.
 3. The guarded menu of an agent: the grounded options whose guards all hold; `wait` stays if every other
    option is filtered out, so a menu is never empty.
 
@@ -53,7 +47,7 @@ class GuardError(plumbing.InputError):
 
 @dataclass(frozen=True)
 class BurnInSettings:
-    episodes: int = 150  # random-policy episodes per round (a few seconds on one core)
+    episodes: int = 150  # random-policy episodes per round
     seed: int = 0  # burn-in plays training start states found from seed, seed + 1, ... (envs.split_seeds)
     k: int = 3  # a guard must explain at least k failures not already explained
     min_successes: int = 5  # option types with fewer logged successes adopt no guard
@@ -80,11 +74,8 @@ def literal_text(literal: tuple[str, bool]) -> str:
 
 def burn_in(game: Game, library: Library, episodes: int, seed: int, guards: Guards | None = None,
             explore: float = 0.5) -> list[Record]:
-    """Log every finished option execution of a random policy over the unfiltered menu.
-
-    With `guards` (later rounds), each choice is uniform over the guarded menu, except that with
-    probability `explore` it is uniform over the unfiltered menu, so every option keeps being tried
-    everywhere and a wrong guard can still be refuted by a logged success."""
+    """Log every finished option execution of a random policy over the unfiltered menu; with `guards` (later
+    rounds), over the guarded menu except with probability `explore`, so a wrong guard can still be refuted."""
     rng = np.random.default_rng(seed)
 
     def choose(runner, agent, menu):
@@ -159,15 +150,13 @@ class Guards:
         return kept or [o for o in menu if o.kind == "wait"] or [self.library.wait()]
 
     def save(self, path: str) -> None:
-        """Write atomically (plumbing.write_file: a per-process temporary file renamed into place), with the content
-        hash that load_guards verifies."""
+        """Write atomically (plumbing.write_file), with the content hash that load_guards verifies."""
         plumbing.write_file(path, json.dumps({**self.data, "content_hash": content_hash(self.data)}, indent=1,
                                          sort_keys=True))
 
 
 def content_hash(data: dict) -> str:
-    """sha256 of a guards record's canonical JSON (its own hash field aside): what load_guards checks, so an
-    edited file is never applied as if it were what the burn-in synthesized."""
+    """sha256 of a guards record's canonical JSON (its own hash aside), so an edited file is never applied."""
     return plumbing.content_hash({k: v for k, v in data.items() if k != "content_hash"})
 
 
@@ -215,10 +204,8 @@ def load_guards(path: str, game: Game, library: Library, settings: BurnInSetting
 
 
 def cached_guards(game: Game, library: Library, settings: BurnInSettings, cache_dir: str) -> Guards:
-    """Guards for this game, layout and settings: reused from `cache_dir` when already synthesized.
-
-    The key also covers the source of the game and option modules, so a change to how options act
-    (and therefore to the burn-in data) never reuses guards mined under the old behavior."""
+    """Guards for this game, layout and settings, reused from `cache_dir` when already synthesized. The key also
+    covers the game and option modules' source, so a change in how options act never reuses old guards."""
     sources = [inspect.getsource(sys.modules[type(x).__module__]) for x in (game, library)]
     key = hashlib.sha256(json.dumps([game.name, layout_fingerprint(game), asdict(settings), FORMAT,
                                      *sources]).encode()).hexdigest()[:16]

@@ -3,17 +3,16 @@
 Options (Sutton, Precup & Singh 1999) are typed, short-horizon behaviours executed by the BFS planner:
 `push(box, direction)`, `load(food)`, `put_onion(pot)`, ... Each has a canonical one-line text, a horizon
 (a timeout in primitive steps) and a termination test that reports success or failure with a reason.
-`Library.ground` enumerates every type-correct option for an agent; nothing here checks feasibility
-beyond what execution itself discovers: which options are worth showing is learned by guards.py.
+`Library.ground` enumerates every type-correct option for an agent; which of them are worth showing is
+learned by guards.py, not checked here.
 
-The `Runner` executes options asynchronously, as in macro-action Dec-POMDPs (Amato et al. 2014/2019):
-each agent runs its own option; when it terminates only that agent is asked for its next one while the
-others keep going. It records every execution (agent, option, start step, duration, outcome, reason) and
-every attributed event. `PrimitiveLibrary` turns the six primitive actions into one-step options so the
-same runner and policy run on low-level actions.
+The `Runner` executes options asynchronously, as in macro-action Dec-POMDPs (Amato et al. 2014/2019): when
+an agent's option terminates only that agent chooses again while the others keep going. It records every
+execution (agent, option, start step, duration, outcome, reason) and every attributed event.
+`PrimitiveLibrary` turns the primitive actions into one-step options for the same runner and policy.
 
-Reference teams: `scripted_choice` (a cooperative heuristic over options; `solo=True`: one agent works,
-the others wait) and `random_choice` (uniform over the menu). Run `python options.py --game forage --show`.
+Reference teams: `scripted_choice` (a cooperative heuristic; `solo=True`: one agent works, the others wait)
+and `random_choice` (uniform over the menu). Run `python options.py --game forage --show`.
 """
 
 from __future__ import annotations
@@ -76,8 +75,8 @@ class Library:
         return option.text
 
     def arrived(self, game: Game, agent: int, option: Option) -> bool:
-        """True when the option's goal already holds where the agent stands (a goto next to its target): it
-        would stand still for one step and report success, a wait that looks like progress (drop_arrived)."""
+        """True when the option's goal already holds where the agent stands (a goto next to its target): it would
+        report success after standing still, a wait that looks like progress (drop_arrived)."""
         return False
 
     def scripted(self, game: Game, runner: Runner, agent: int, menu: list[Option], solo: bool) -> Option:
@@ -94,8 +93,7 @@ class Library:
 
     @staticmethod
     def wait_action(game: Game, agent: int, passable) -> int:
-        """Idle, but step aside when standing next to the partner, so a waiting agent never blocks
-        the only way to a box, food or station."""
+        """Idle, but step away from an adjacent partner, so a waiting agent never blocks the only way to a target."""
         pos, others = game.pos[agent], partner_cells(game, agent)
         if not any(game.manhattan(pos, p) == 1 for p in others):
             return 0
@@ -133,13 +131,12 @@ def steps_words(steps: int) -> str:
 
 
 def navigate(game: Game, agent: int, targets: list[int], passable, memory: dict) -> int | None:
-    """Next action toward the nearest target, going around the partner; if only the partner blocks
-    the way, step toward it anyway (it may move). None: no target is reachable at all.
+    """Next action toward the nearest target, going around the partner, or through it if only the partner
+    blocks the way (it may move). None: no target is reachable at all.
 
-    Deterministic planners can block each other for good, so every agent but the lowest-indexed one
-    gives way: after one failed move it stays for a step (two agents stepping into the same cell),
-    and if the next try fails too it steps aside to a free neighbouring cell (two agents in a
-    corridor each standing where the other must go: a swap no waiting resolves)."""
+    Deterministic planners can block each other for good, so every agent but the lowest-indexed gives way:
+    after a failed move it stays one step (two agents entering one cell), and after a second it steps aside
+    to a free neighbour (two agents in a corridor, each where the other must go: no waiting resolves it)."""
     pos, others = game.pos[agent], partner_cells(game, agent)
     failed = memory.get("last_move") == pos
     if failed:
@@ -167,8 +164,6 @@ def navigate(game: Game, agent: int, targets: list[int], passable, memory: dict)
 
 
 # ----------------------------------------------------------------------------- coop_push
-
-
 class PushOptions(Library):
     """goto_box(b): walk next to box b. push(b, d): walk to the side opposite d and push until the small
     box moves one cell. push_heavy(b, d): the same for the heavy box, waiting there for the partner. wait()."""
@@ -289,10 +284,9 @@ class PushOptions(Library):
         small = [k for k in left if not game.box_heavy[k]]
         taken = {o.args[0] for j, o in enumerate(runner.current) if j != agent and o is not None and o.args}
         free = [k for k in small if k not in taken] or ([] if len(small) == 1 and not solo else small)
-        # skip boxes whose pushing spot another agent stands on, when there is another box to push
         others = partner_cells(game, agent)
         free = [k for k in free if game.boxes[k][0] + game.width not in others and
-                game.boxes[k][0] - game.width not in others] or free  # nobody on its pushing spot or its path
+                game.boxes[k][0] - game.width not in others] or free  # prefer no agent on its pushing spot/path
         if not free:
             return self.pick(menu, "wait")
         # the nearest box nobody else is pushing (agents decide in index order, so they split the boxes)
@@ -301,8 +295,6 @@ class PushOptions(Library):
 
 
 # ----------------------------------------------------------------------------- forage
-
-
 class ForageOptions(Library):
     """goto_food(f): walk next to food f. load(f): walk next to f and load until it is collected. wait()."""
 
@@ -389,14 +381,11 @@ class ForageOptions(Library):
 
 
 # ----------------------------------------------------------------------------- kitchen
-
-
 class KitchenOptions(Library):
     """fetch_onion(), fetch_dish(), put_onion(pot), plate_soup(pot) (waits at the pot while the soup cooks),
-    serve(), place() (on the free counter nearest the partner's side), take(item), wait().
-    Each walks to a cell next to its station, faces it and interacts; an interaction that changes nothing
-    ends the option as a failure. Three options end at once, where the agent stands, when the state says they
-    cannot act (`refusal`): see there why a walk would be worse."""
+    serve(), place() (on the free counter nearest the partner's side), take(item), wait(). Each walks next to
+    its station, faces it and interacts; an interaction that changes nothing is a failure, and three options
+    fail at once, where the agent stands, when the state says they cannot act (`refusal`)."""
 
     kinds = ("fetch_onion", "fetch_dish", "put_onion", "plate_soup", "serve", "place", "take", "wait")
 
@@ -470,16 +459,13 @@ class KitchenOptions(Library):
 
     @staticmethod
     def refusal(game, agent: int, option: Option) -> str | None:
-        """Why the option cannot act from this state (it then ends at once as a failure), or None.
+        """Why the option cannot act from this state (it then fails at once), or None.
 
-        Walking first would be worse in each case. A fetch with full hands would reach the dispenser and
-        report "holding onion" for an onion held all along: a success that changed nothing, which no guard
-        hides and a greedy policy repeats. A plate at an unfilled pot or a put at a full one would stand on the
-        tile next to the pot, often the only one, where the partner must add the onions or plate the soup;
-        and since the partner can change the pot during the walk, burn-in would log some of them succeeding,
-        so no guard could hide them either. Refused at once, they fail exactly when the state says so, and
-        burn-in yields the guards "fetch needs empty hands", "put needs a pot that is not full" and "plate
-        needs a full pot"."""
+        Walking first would be worse: a fetch with full hands would "succeed" with the item held all along, and
+        a plate at an unfilled pot or a put at a full one would block the tile next to the pot (often the only
+        one) and sometimes succeed as the partner changes the pot, so no guard could hide either. Refused at
+        once, they fail exactly when the state says so, and burn-in learns guards such as "fetch needs empty
+        hands" and "plate needs a full pot"."""
         kind = option.kind
         if kind in ("fetch_onion", "fetch_dish") and game.held[agent] is not None:
             return "hands are full"
@@ -605,8 +591,6 @@ class KitchenOptions(Library):
 
 
 # ----------------------------------------------------------------------------- primitive actions
-
-
 class PrimitiveLibrary(Library):
     """The low-level action mode: every primitive action is a one-step option."""
 
@@ -637,8 +621,7 @@ LIBRARIES = {"coop_push": PushOptions, "forage": ForageOptions, "kitchen": Kitch
 
 
 def make_library(game: Game, action_mode: str = "options", feedback: bool = False) -> Library:
-    """The option library for a game; action_mode 'primitive' gives one-step primitive options.
-    feedback: the policy's observation names the agent's last option when it failed."""
+    """The option library for a game ('primitive': one-step primitive options); feedback: see Library.feedback."""
     if action_mode == "primitive":
         library = PrimitiveLibrary(game.name)
     elif action_mode == "options":
@@ -651,11 +634,8 @@ def make_library(game: Game, action_mode: str = "options", feedback: bool = Fals
 
 def drop_arrived(library: Library, menu_filter=None):
     """A menu filter: `menu_filter` (the guards') first, then without the options that have already arrived
-    (Library.arrived); `wait` stays when nothing else does. Such an option reports success without acting, so a
-    greedy policy can pick it forever and never see a failure: coop_push/classic seed 2's last checkpoint scores
-    0.317 greedily because agent 2 picks `goto box 2 (here)` beside the heavy box at ~56 of 58 decisions, and
-    0.896 on the same test states with this filter, without retraining (results/coop_push-classic-seeds/
-    arrived_probe.txt)."""
+    (Library.arrived); `wait` stays when nothing else does. Such an option reports success without acting, so
+    a greedy policy can pick it forever and never see a failure."""
 
     def keep(game: Game, agent: int, menu: list[Option]) -> list[Option]:
         menu = menu_filter(game, agent, menu) if menu_filter is not None else menu
@@ -673,8 +653,7 @@ def run_menu_filter(library: Library, guards_filter=None, arrived: str = "keep")
 
 @dataclass
 class Task:
-    """What a team plays: a fresh game for every episode, its option library, and the menu filter (the guards,
-    run_menu_filter) that every menu passes through."""
+    """What a team plays: a fresh game per episode, its option library, and the menu filter (run_menu_filter)."""
 
     new_game: Callable[[], Game]
     library: Library
@@ -682,8 +661,6 @@ class Task:
 
 
 # ----------------------------------------------------------------------------- the asynchronous runner
-
-
 @dataclass
 class Runner:
     """Runs one episode of asynchronous options. Use: while not done: for agent in pending(): assign(...);
@@ -749,22 +726,20 @@ class Runner:
 
 
 def observation(runner: Runner, agent: int, menu: list[Option]) -> tuple[str, list[str]]:
-    """What the policy reads: the agent's view (relations in words, and what the partner is doing now)
-    and the menu texts (with step distances). With `library.feedback`, also the agent's last option if it
-    failed: a greedy policy otherwise sees the same text after a failure and retries the same option
-    forever (kitchen: putting an onion into a full pot on the only tile next to it)."""
+    """What the policy reads: the agent's view, what the partner is doing now, and the menu texts (with step
+    distances). With `library.feedback`, also the agent's last option if it failed: otherwise a greedy policy
+    sees the same text after a failure and retries the same option forever."""
     game = runner.game
     lines = [game.view(agent)]
     for j, option in enumerate(runner.current):
         if j != agent:
-            # a partner who chose at this very step counts as still choosing: decisions of one step are
-            # made together (pamagrpo batches them), whatever order they are assigned in
+            # a partner who chose at this very step is still choosing: one step's decisions are made together
             fresh = option is None or runner.running[j].start == game.t
             doing = "choosing" if fresh else option.text
             lines.append(f"{game.partner_word(agent, j).capitalize()} is doing: {doing}.")
     last = runner.running[agent]  # the agent's latest execution (ended, since it is choosing), or None
     if runner.library.feedback and last is not None and last.success is False:
-        lines.append(f"Failed: {last.option.text}.")  # terse: kitchen prompts stay within 150 tokens
+        lines.append(f"Failed: {last.option.text}.")  # terse: prompts stay short
     return "\n".join(lines), [runner.library.describe(game, agent, o) for o in menu]
 
 

@@ -1,10 +1,8 @@
 """Grid search for the option executor: BFS shortest paths with deterministic tie-breaking.
 
-The symbolic planner of the method is deliberately plain: a breadth-first search over a flat grid
-(cells are integers `r * width + c`, as in envs.py), expanding neighbours in the fixed order
-north, south, west, east, so the same state always yields the same path. Options (options.py) call
-`step_toward` every primitive step to move an agent toward a target cell or toward any cell next to a
-target object, optionally treating the partner as an obstacle.
+Cells are flat integers `r * width + c` (as in envs.py), expanded in the fixed order north, south, west,
+east, so the same state always yields the same path. Options (options.py) call `step_toward` every primitive
+step to move an agent toward a target cell or next to a target object, optionally around the partner.
 
 Test: `pytest test_all.py -k planner` (paths are checked against a brute-force search).
 """
@@ -49,10 +47,7 @@ def distances(start: int, passable: Callable[[int], bool], width: int, height: i
 def shortest_path(start: int, targets: Iterable[int], passable: Callable[[int], bool], width: int,
                   height: int) -> list[int] | None:
     """Cells of a shortest path from `start` to the nearest target (start excluded); None if unreachable.
-
-    Ties are broken by the expansion order (north, south, west, east), so the path is deterministic.
-    Targets need not be passable themselves only if they are the start; otherwise they must be passable.
-    """
+    Ties follow the expansion order; a target other than `start` must itself be passable."""
     goal = set(targets)
     if start in goal:
         return []
@@ -75,11 +70,8 @@ def shortest_path(start: int, targets: Iterable[int], passable: Callable[[int], 
 
 def step_toward(start: int, targets: Iterable[int], passable: Callable[[int], bool], width: int,
                 height: int, avoid: Iterable[int] = ()) -> int | None:
-    """The primitive action of the first step of a shortest path to the nearest target.
-
-    Returns 0 (stay) when already on a target and None when no target is reachable. `avoid` cells
-    (e.g. the partner's position) are treated as obstacles.
-    """
+    """The first action of a shortest path to the nearest target: 0 (stay) when already on one, None when none
+    is reachable. `avoid` cells (e.g. the partner's position) are obstacles."""
     blocked = set(avoid)
     path = shortest_path(start, targets, lambda c: c not in blocked and passable(c), width, height)
     if path is None:
