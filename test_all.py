@@ -2506,6 +2506,45 @@ def test_greedy_rollouts_play_the_argmax_and_the_rest_sample():
     assert any(st.choice != int(torch.argmax(st.old_logp)) for st in sampled)  # the others do sample
 
 
+def test_decision_loss_is_the_docstring_term_written_out():
+    """One decision's term of L_i against the equation by hand: -min(rho A, clip(rho) A) + kl_coef KL(pi || base)
+    - entropy_coef H(pi), on a 3-option menu, with the ratio inside and outside the clip range."""
+    cfg = pamagrpo.Config(clip_eps=0.2, kl_coef=0.5, entropy_coef=0.1)
+    p = np.array([0.5, 0.3, 0.2])
+    base = np.array([0.2, 0.2, 0.6])
+    logp = torch.tensor(np.log(p), dtype=torch.float64, requires_grad=True)
+    kl = float(np.sum(p * np.log(p / base)))
+    entropy = float(-np.sum(p * np.log(p)))
+    for old_p1, advantage in ((0.3, 1.0), (0.2, 1.0), (0.2, -1.0), (0.4, -1.0), (0.4, 2.0)):
+        old = torch.tensor(np.log([0.5, old_p1, 1.0 - 0.5 - old_p1]), dtype=torch.float64)
+        rho = 0.3 / old_p1
+        clipped = min(max(rho, 0.8), 1.2)
+        surrogate = -min(rho * advantage, clipped * advantage)
+        loss, got_kl, got_entropy, ratio = pamagrpo.decision_loss(logp, old, torch.tensor(np.log(base)), 1,
+                                                                 advantage, cfg)
+        assert ratio.item() == pytest.approx(rho) and got_kl.item() == pytest.approx(kl)
+        assert got_entropy.item() == pytest.approx(entropy)
+        assert loss.item() == pytest.approx(surrogate + 0.5 * kl - 0.1 * entropy)
+        # the gradient through the ratio vanishes exactly where the clip binds in the advantage's direction
+        logp.grad = None
+        (loss - 0.5 * got_kl + 0.1 * got_entropy).backward()
+        cut = (advantage > 0 and rho > 1.2) or (advantage < 0 and rho < 0.8)
+        assert float(logp.grad[1]) == pytest.approx(0.0 if cut else -rho * advantage)
+
+
+def test_a_nan_in_the_update_never_reaches_the_weights():
+    policy = make_policy()
+    steps, _ = update_steps(policy, "per_agent")
+    poisoned = steps[0].decision.adapter
+    steps[0].advantage = float("nan")  # as a NaN return would make it
+    optimizers = pamagrpo.make_optimizers(policy, policy.agents, 1e-2)
+    before = [p.detach().clone() for p in policy.agent_parameters(poisoned)]
+    with pytest.raises(plumbing.NonFiniteError, match=f"{poisoned}'s gradient norm is not finite"):
+        pamagrpo.update(policy, optimizers, steps, pamagrpo.Config(), order_seed=0)
+    assert all(torch.equal(p, q) for p, q in zip(policy.agent_parameters(poisoned), before))
+    assert all(bool(torch.isfinite(p).all()) for a in policy.agents for p in policy.agent_parameters(a))
+
+
 # ----------------------------------------------------------------------------- refactors change nothing
 
 # Short tiny-model runs of every game (float32, one thread), recorded at 69dd196 before the plumbing/method split

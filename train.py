@@ -284,10 +284,6 @@ def held_out_seeds(game: envs.Game, split: str, count: int) -> list[int]:
     return seeds
 
 
-def scripted_score(game_factory, seeds: list[int]) -> float:
-    return float(np.mean([options.play_scripted(game_factory(), "coop", s).score for s in seeds]))
-
-
 def evaluate_team(policy: policy_lib.MenuPolicy, task: options.Task, seeds: list[int], seed: int,
                   episodes_out: list | None = None) -> dict:
     """The adapters in place, greedy (T = 0), on held-out start states; with the seconds it took."""
