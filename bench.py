@@ -6,6 +6,7 @@
     python bench.py --models tiny   # LLM sections for these models only (default: tiny, smollm2-135m)
     python bench.py --json          # one JSON object
     python bench.py --device cuda --only train --groups 2x4,8x8   # on a GPU: cost of larger groups
+    python bench.py --only backbones  # each preset in its own process: scoring, one iteration, peak memory
 
 Speed is measured here and reported in the README, never asserted by timed tests.
 """
@@ -125,9 +126,9 @@ def bench_scoring(model: str, n: int, dtype: str = "float32", scoring: str = "te
     policy = llm_policy(model, dtype, scoring)
     decisions = real_decisions(policy, "coop_push", n)
     policy.menu_log_probs(decisions[:2])  # warm-up
-    start = time.perf_counter()
+    start, tokens = time.perf_counter(), policy.tokens_processed
     batched = policy.menu_log_probs(decisions)
-    batched_s = time.perf_counter() - start
+    batched_s, tokens = time.perf_counter() - start, policy.tokens_processed - tokens
     start = time.perf_counter()
     naive = [policy_lib.naive_menu_log_probs(policy, d) for d in decisions]
     naive_s = time.perf_counter() - start
@@ -135,7 +136,8 @@ def bench_scoring(model: str, n: int, dtype: str = "float32", scoring: str = "te
     return {"device": device_name(DEVICE), "model": model, "dtype": dtype, "scoring": scoring, "decisions": n,
             "unique": len(set(decisions)),
             "prompt_tokens": float(np.mean(prompt_tokens)), "options": float(np.mean([len(d.menu) for d in decisions])),
-            "batched_per_s": n / batched_s, "naive_per_s": n / naive_s, "speedup": naive_s / batched_s,
+            "batched_per_s": n / batched_s, "tokens_per_s": tokens / batched_s, "naive_per_s": n / naive_s,
+            "speedup": naive_s / batched_s,
             "max_abs_diff": max(float((a - b).abs().max()) for a, b in zip(batched, naive))}
 
 
@@ -175,6 +177,53 @@ def bench_train(model: str, dtype: str, lora_layers: int, start_states: int = 1,
     return {"device": device_name(DEVICE), "model": model, "dtype": dtype, "lora_layers": layers,
             "groups": f"{start_states}x{group_size}", "decisions": n, "rollout_per_s": n / record["time/rollout_s"],
             "update_per_s": n / record["time/update_s"], "iteration_s": record["time/iteration_s"]}
+
+
+BACKBONES = ["smollm2-135m", "gemma3-270m", "qwen2.5-coder-0.5b"]  # the presets (--only backbones)
+
+
+def bench_backbone(model: str, dtype: str) -> dict:
+    """One backbone in this process: load time (from the converted cache), size, packed menu scoring (decisions and
+    tokens a second), one PA-MAGRPO iteration of train.py's defaults on coop_push (1 start state x 4 rollouts,
+    top 4 layers adapted), and the process's peak resident memory (VmHWM: every phase above included)."""
+    start = time.perf_counter()
+    network, tokenizer = plumbing.load_backbone(model, DEVICE, dtype)
+    load_s, parameters, vocabulary = time.perf_counter() - start, sum(p.numel() for p in network.parameters()), \
+        len(tokenizer)
+    del network
+    scoring = bench_scoring(model, 16, dtype)
+    record, _, _ = coop_push_iteration(model, dtype, 4, 1, 4)
+    with open("/proc/self/status") as f:
+        peak_kib = next(int(line.split()[1]) for line in f if line.startswith("VmHWM:"))
+    return {"device": device_name(DEVICE), "model": model, "dtype": dtype, "parameters_M": parameters / 1e6,
+            "vocabulary": vocabulary, "load_s": load_s, "scoring_decisions_per_s": scoring["batched_per_s"],
+            "scoring_tokens_per_s": scoring["tokens_per_s"], "iteration_s": record["time/iteration_s"],
+            "peak_rss_GiB": peak_kib / 2**20}
+
+
+def section_backbone(quick: bool) -> list:
+    return [bench_backbone(m, d) for m in MODELS for d in DTYPES]
+
+
+def section_backbones(quick: bool) -> list:
+    """bench_backbone for each preset, each in a process of its own (so each peak memory is its own), in the dtype
+    --dtype auto picks where it is among --dtypes."""
+    import subprocess
+    import sys
+
+    import torch
+
+    auto = plumbing.auto_dtype(DEVICE)
+    dtype = auto if auto in DTYPES else DTYPES[-1]
+    rows = []
+    for model in BACKBONES:
+        out = subprocess.run([sys.executable, __file__, "--only", "backbone", "--models", model, "--dtypes", dtype,
+                              "--device", DEVICE, "--threads", str(torch.get_num_threads()), "--json"],
+                             capture_output=True, text=True)
+        if out.returncode != 0:
+            raise plumbing.InputError(f"backbone {model}: {(out.stderr.strip().splitlines() or ['failed'])[-1]}")
+        rows += json.loads(out.stdout.strip().splitlines()[-1])["backbone"]
+    return rows
 
 
 PROFILE_SCOPES = ("rollout", "update: base pass", "update: gradient pass", "update: backward", "update: optimizer")
@@ -376,7 +425,9 @@ def print_rows(rows: list) -> None:
 SECTIONS = {"env": (section_env, print_env), "prompts": (section_prompts, print_rows),
             "dtype": (section_dtype, print_rows),
             "scoring": (section_scoring, print_rows),
-            "train": (section_train, print_train)}
+            "train": (section_train, print_train),
+            "backbone": (section_backbone, print_rows), "backbones": (section_backbones, print_rows)}
+ON_REQUEST = ("backbone", "backbones")  # run with --only only (they load every preset)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -417,7 +468,7 @@ def main(argv: list[str] | None = None) -> None:
     DTYPES[:] = args.dtypes.split(",")
     results = {}
     for name, (run, show) in SECTIONS.items():
-        if args.only and name != args.only:
+        if (args.only and name != args.only) or (not args.only and name in ON_REQUEST):
             continue
         results[name] = run(args.quick)
         if not args.json:

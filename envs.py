@@ -172,6 +172,18 @@ class Game:
         """Why the layout's full reward can never be earned (per game: a static reachability test), or None."""
         return None
 
+    def task_cells(self) -> set[int]:
+        """The cells agents act on from a neighbouring cell (per game: boxes, food, stations)."""
+        return set(range(len(self.cells)))
+
+    def stranded(self) -> str | None:
+        """An agent walled into a pocket with no task cell next to any cell it can walk to, or None: a team
+        whose reward is reachable may still have a member who can never act."""
+        for i, start in enumerate(self.agent_starts):
+            if not {n for c in self.regions[start] for n in (c, *self.neighbour_cells(c))} & self.task_cells():
+                return f"agent {i + 1} (at {self.where(start)}) can reach nothing to act on"
+        return None
+
     def where(self, cell: int) -> str:
         r, c = self.rc(cell)
         return f"line {r + 1} column {c + 1}"
@@ -373,7 +385,8 @@ class CoopPush(Game):
         """Each box must reach cells that are all goal cells by pushes whose pusher cells agents can walk to
         (other boxes ignored: they can be moved); a heavy box moves only north or south (two pushers side by
         side; a row holds one pusher behind it)."""
-        reach = set().union(*map(set, self.regions.values()))
+        regions = [set(self.regions[s]) for s in self.agent_starts]
+        reach = set().union(*regions)
         for k, box in enumerate(self.box_starts):
             heavy = self.box_heavy[k]
             seen, frontier, delivered = {box}, [box], False
@@ -383,14 +396,20 @@ class CoopPush(Game):
                 for a in (1, 2) if heavy else (1, 2, 3, 4):
                     new = tuple(c + self.delta[a] for c in cells)
                     pushers = [c - self.delta[a] for c in cells] if heavy else [cells[0] - self.delta[a]]
-                    if new not in seen and not any(self.wall[c] for c in new) and all(p in reach for p in pushers):
+                    # a heavy box's two pushers are two agents: each pusher cell in a different agent's reach
+                    pushed = any(pushers[0] in a and pushers[1] in b for a in regions for b in regions if a is not b) \
+                        if heavy else pushers[0] in reach
+                    if new not in seen and not any(self.wall[c] for c in new) and pushed:
                         seen.add(new)
                         frontier.append(new)
             if not delivered:
                 kind = "heavy box" if heavy else "small box"
                 return (f"the {kind} at {self.where(box[0])} can never be pushed onto goal cells from cells the "
-                        "agents can reach")
+                        "agents can reach" + (" (two agents, side by side)" if heavy else ""))
         return None
+
+    def task_cells(self) -> set[int]:
+        return {c for box in self.box_starts for c in box}
 
     def reset_objects(self, rng: np.random.Generator) -> None:
         self.boxes = [tuple(b) for b in self.box_starts]  # cells of each box
@@ -514,7 +533,10 @@ class Forage(Game):
     Departures from lb-foraging: one team reward, not per-agent rewards; terminated vs truncated told apart;
     fixed levels per layout (lb-foraging draws them); walls ('#') for custom maps; loads resolve in agent
     order (lb-foraging pops a set: it matters only for food closer than its spawn spacing allows); with 3+
-    agents no two agents ever share a cell (Game.resolve_moves).
+    agents no two agents ever share a cell (Game.resolve_moves); with random_food and random_starts the food is
+    placed first and the agents on free cells (lb-foraging places the agents first, the food on free cells), so
+    an agent starts on the border a little more often (8x8 with 2 food: 28 of 62 free cells, 45% of resets,
+    against lb-foraging's 28 of 64, 44%).
     """
 
     name = "forage"
@@ -540,13 +562,17 @@ class Forage(Game):
     def default_max_steps(self) -> int:
         return 50
 
+    def task_cells(self) -> set[int]:
+        """The food, or with random_food every cell food may spawn on (off the border, no wall)."""
+        w, h = self.width, self.height
+        return {c for c in range(w * h) if not self.wall[c] and 0 < c // w < h - 1 and 0 < c % w < w - 1} \
+            if self.random_food else set(self.food_starts)
+
     def unsolvable(self) -> str | None:
         """Every food (with random_food: every cell food may spawn on) must be next to cells that agents whose
         levels sum to the food's level can walk to."""
         regions = [set(self.regions[s]) for s in self.agent_starts]
-        w, h = self.width, self.height
-        spots = ([c for c in range(w * h) if not self.wall[c] and 0 < c // w < h - 1 and 0 < c % w < w - 1]
-                 if self.random_food else self.food_starts)
+        spots = sorted(self.task_cells())
         needed = max(self.food_levels) if self.random_food else None
         for k, cell in enumerate(spots):
             level = sum(lv for lv, region in zip(self.agent_levels, regions)
@@ -679,7 +705,7 @@ class Forage(Game):
 
 # ----------------------------------------------------------------------------- kitchen
 class Kitchen(Game):
-    """Overcooked-style onion soup (Carroll et al. 2019).
+    """Overcooked-style onion soup (Carroll et al. 2019), after Overcooked-AI's layouts and step.
 
     Map: ' ' floor, 'X' counter, 'O' onion dispenser, 'D' dish dispenser, 'P' pot, 'S' serving window,
     digits agents. Options: `orders` (soups to serve), `cook_time`, `max_steps`, `random_starts`, and
@@ -689,17 +715,32 @@ class Kitchen(Game):
     is free floor (otherwise it only turns); interact acts on the faced cell. Movement (Overcooked-AI's): if
     two agents would end in one cell or swap cells, nobody moves; following is allowed.
     Rules: agents carry one item. Interact: at a dispenser with empty hands, take an onion or a dish; at a pot
-    holding an onion, add it (3 onions start cooking, done after cook_time steps); at a pot with a dish when
-    the soup is done, take the soup; at the window with soup, serve it; at a counter, put the held item down
-    or pick its item up. Agents interact in index order.
+    holding an onion, add it (the 3rd onion starts cooking by itself, done after cook_time steps); at a pot with
+    a dish when the soup is done, take the soup; at the window with soup, serve it; at a counter, put the held
+    item down or pick its item up; anything else does nothing. Agents interact in index order.
     Reward: 20 per served soup (as in Overcooked-AI), up to `orders` soups (a soup brought to a window once the
     last order is filled, even in the same step, stays in hand and earns nothing). Terminated when `orders`
     soups are served; truncated at max_steps. Events: ('onion_in_pot', (i,), pot), ('soup_plated', (i,), pot),
     ('soup_served', (i,), 0), ('counter_place', (i,), cell), ('counter_take', (i,), cell), and
     ('handoff', (placer, taker), cell) when an agent takes an item another agent put down.
-    Shaped reward (`shaping`, Overcooked-AI's, for training only: train.py --shaping): 3 per onion put in a
-    pot, 3 per useful dish taken from a dispenser (fewer dishes held or on counters than pots with onions),
-    5 per soup plated; never part of the reward or the score.
+    Shaped reward (`shaping`, for training only: train.py --shaping; never part of the reward or the score):
+    3 per onion put in a pot and 5 per soup plated (as in Overcooked-AI), and 3 per dish taken from a dispenser
+    while fewer dishes are held or lie on counters than pots hold onions (this project's rule, below).
+    Departures from Overcooked-AI 1.1.0, the only rules that differ (checked against the package step by step in
+    results/kitchen-oai-differential/, and against a reading of its step in the suite: `-k oai_differential`):
+    - The 3rd onion starts the pot: the rule of Carroll et al. 2019, "On the Utility of Learning about Humans for
+      Human-AI Coordination" (later Overcooked-AI's `old_dynamics=True`). In 1.1.0 an agent with empty hands
+      starts a pot by interacting with it, at any onion count (a soup of 1 or 2 onions is worth 0); here that
+      interact does nothing. Kept because every kitchen result was trained on it.
+    - cook_time is 5 steps (the option's default; Overcooked-AI: 20): shorter episodes (100-150 steps) for the
+      CPU budget.
+    - The useful-dish shaping is not 1.1.0's `is_dish_pickup_useful`, which gives nothing while any dish lies
+      on a counter and counts the pots as the step began (here: counter dishes count with held ones, pots as
+      they are at the interact): 8% of dish pickups on random play are shaped differently.
+    - `orders`: no soup scores past the last one (Overcooked-AI has no such count; its episodes end at a horizon).
+    - In asymmetric_advantages and forced_coordination the agents are numbered the other way round from
+      Overcooked-AI's layout files (same terrain): agent 1 is its player 2, the west cook (in
+      forced_coordination: onions and dishes), agent 2 its player 1, the east cook (pots and window).
     """
 
     name = "kitchen"
@@ -711,7 +752,7 @@ class Kitchen(Game):
             "cook_time": "an integer in [1, 10000]", "random_contents": "yes or no"}
     SOUP = 20.0
     shaped = True
-    ONION_IN_POT, USEFUL_DISH, SOUP_PLATED = 3.0, 3.0, 5.0  # Overcooked-AI's shaped rewards (same units as SOUP)
+    ONION_IN_POT, USEFUL_DISH, SOUP_PLATED = 3.0, 3.0, 5.0  # Overcooked-AI's values (units of SOUP); dish rule: ours
     layouts = {
         # after Overcooked-AI's cramped_room: one agent can do everything alone
         "cramped_room": "XXPXX\nO  2O\nX1  X\nXDXSX\norders: 2\ncook_time: 5\nmax_steps: 100\nrandom_starts: yes\n"
@@ -760,6 +801,9 @@ class Kitchen(Game):
                 return None
         return ("no pot can get onions and a dish and send its soup to a serving window through the agents' "
                 "reach and shared counters")
+
+    def task_cells(self) -> set[int]:
+        return {*self.onion_dispensers, *self.dish_dispensers, *self.pots, *self.windows}
 
     def setup(self) -> None:
         cells = self.cells
@@ -953,8 +997,9 @@ CHECKED_LAYOUTS: set[tuple] = set()  # layouts check_layout has passed (it runs 
 
 
 def check_layout(game: Game) -> None:
-    """A layout the game's rules are defined for: its number of agents (the classes alone accept any), and every
-    reward reachable (Game.unsolvable), so no run is scored against reward it can never earn."""
+    """A layout the game's rules are defined for: its number of agents (the classes alone accept any), every
+    reward reachable (Game.unsolvable), so no run is scored against reward it can never earn, and every agent
+    able to act (Game.stranded)."""
     key = (game.name, game.rows, tuple(sorted(game.options.items())))
     if key in CHECKED_LAYOUTS:
         return
@@ -964,6 +1009,10 @@ def check_layout(game: Game) -> None:
     reason = game.unsolvable()
     if reason:
         raise LayoutError(f"layout '{game.layout_name}': cannot be solved: {reason}")
+    reason = game.stranded()
+    if reason:
+        raise LayoutError(f"layout '{game.layout_name}': {reason} (walled in, away from every task cell); expected "
+                          "every agent to reach part of the task")
     CHECKED_LAYOUTS.add(key)
 
 

