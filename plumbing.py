@@ -255,6 +255,14 @@ def check_output_folder(path: str, flag: str) -> None:
         raise InputError(f"{flag} {path}: cannot write there ({error.strerror}); expected a writable folder") from None
 
 
+def read_json(path: str, what: str, context: str):
+    """A JSON file's content, or InputError '{context}: cannot read {path} (why); expected {what}'."""
+    try:
+        return json.loads(read_text(path, what))
+    except (InputError, json.JSONDecodeError) as e:
+        raise InputError(f"{context}: cannot read {path} ({one_line(e)}); expected {what}") from None
+
+
 def write_json(path: str, data) -> None:
     write_file(path, json.dumps(data, indent=1))
 
@@ -328,8 +336,8 @@ def parse_layout(text: str, legend: dict[str, str], keys: dict[str, str], name: 
                     shown = f"'{ch}'" if ch.isprintable() and not ch.isspace() else f"U+{ord(ch):04X} (invisible)"
                     accepted = ", ".join(f"'{k}' {v}" for k, v in legend.items())
                     blank = "; remove trailing blanks" if c >= len(row) - len(extra) else ""
-                    raise LayoutError(f"{where}: line {line} column {c + 1}: {shown} is not a map character; expected one of "
-                                      f"{accepted}{blank}")
+                    raise LayoutError(f"{where}: line {line} column {c + 1}: {shown} is not a map character; "
+                                      f"expected one of {accepted}{blank}")
     options: dict[str, str] = {}
     for j in range(i, len(lines)):
         line = lines[j].strip()
@@ -764,11 +772,7 @@ def resumed_fields(cls, folder: str, given: dict, resumable: tuple[str, ...]):
     config.json after the checkpoint was written is honored if resumable, else refused naming it; a field the
     file lacks (written before the flag existed) must be given, since today's default may not be what it ran."""
     path = os.path.join(folder, "config.json")
-    try:
-        saved = json.loads(read_text(path, "a run folder of train.py"))
-    except (InputError, json.JSONDecodeError) as e:
-        raise InputError(f"--resume {folder}: cannot read {path} ({one_line(e)}); expected a run folder of "
-                         "train.py") from None
+    saved = read_json(path, "a run folder of train.py", f"--resume {folder}")
     names = {f.name for f in dataclasses.fields(cls)}
     if not isinstance(saved, dict) or not set(saved) <= names or len(saved) < len(names) // 2:
         raise InputError(f"--resume {folder}: {path} is not a config of this train.py")
@@ -999,11 +1003,7 @@ def run_flags(argv: list[str]) -> list[str]:
 def read_sweep_plan(out: str) -> dict:
     """OUT/sweep.json, checked: the seeds, flags, jobs, threads and clocks train.py wrote there."""
     path = os.path.join(out, "sweep.json")
-    try:
-        plan = json.loads(read_text(path, "a sweep plan of train.py"))
-    except (InputError, json.JSONDecodeError) as e:
-        raise InputError(f"--resume {out}: cannot read {path} ({one_line(e)}); expected a sweep folder (for a "
-                         "single run, drop --seeds)") from None
+    plan = read_json(path, "a sweep folder (for a single run, drop --seeds)", f"--resume {out}")
     types = {"seeds": list, "seeds_text": str, "jobs": int, "threads": int, "flags": list, "wall_s": dict}
     if not (isinstance(plan, dict) and all(type(plan.get(k)) is t for k, t in types.items()) and plan["seeds"]
             and all(type(x) is int and x >= 0 for x in plan["seeds"]) and all(type(x) is str for x in plan["flags"])
