@@ -35,12 +35,25 @@ Summary (`summarize`), checked in this order; agents are numbered from 1 in text
 Audits are deterministic when the `choose` functions are: each random stand-in draws from a generator
 seeded by (rng_seed, agent, episode seed).
 
+Does cooperation transfer beyond the partner an agent trained with (`cross_play`, `held_out_partners`)?
+- Cross-play (Other-Play, Hu et al. 2020): agent 1 of seed i with agent 2 of seed j of one sweep, for all i, j,
+  greedy, on the test start states of every run's final test, each agent with its own run's menus
+  (`seat_filter`). Self-play is the diagonal, which reproduces each run's result.json (`greedy_episodes` plays as
+  pamagrpo.evaluate does), cross-play the rest; means with 95% bootstrap CIs over pairs, and each pair's label.
+- Held-out partners (Overcooked-AI's, JaxAHT's protocols): each trained agent in its own seat with a scripted
+  partner in the other: the standard one (options.scripted_choice) and the game's variants
+  (options.Library.variants), which were written before any trained agent played with them. Scores are divided
+  by the standard scripted team's on the same start states; a variant that falls short of COMPETENT x that
+  team with the standard partner in the same seat is no evidence against a trained agent.
+
 Run `python audit.py --reference` (the scripted teams on every built-in layout), `RUN_DIR` (a run's frozen
 base and snapshots over training, greedy; `--temperature T` samples the teams, which may score only when
 sampled), `--final RUN_DIR...` (one row per run from train.py's final audit), `--decoupling LABEL=SWEEP...`
-(the decoupling figure), `--margins RUN_DIR` (greedy argmax margins and failed streaks) or `--replay RUN_DIR
-[--episode K]` (redraw a run's replay); `--seeds N`: the first N test start states.
-Test: `pytest test_all.py -k "audit or replay or margins or decoupling"`.
+(the decoupling figure), `--margins RUN_DIR` (greedy argmax margins and failed streaks), `--replay RUN_DIR
+[--episode K]` (redraw a run's replay), `--cross-play SWEEP [--last]` (SWEEP/crossplay.json, .md, .png),
+`--partners RUN_OR_SWEEP` (partners.json, .md) or `--variants` (each scripted variant with the standard partner
+on every built-in layout); `--seeds N`: the first N test start states.
+Test: `pytest test_all.py -k "audit or replay or margins or decoupling or cross_play or partner"`.
 Needs envs (games, events), options (runner, Task, scripted teams), policy (LLM teams, the lockstep `play`),
 guards (a run's menus) and plumbing (files, errors, CLI, figures); never pamagrpo or train: an audit needs no
 training algorithm.
@@ -59,7 +72,8 @@ import numpy as np
 import envs
 from envs import Game
 import guards as guard_lib
-from options import Library, Task, make_library, random_choice, run_episode, run_menu_filter, scripted_choice
+from options import (Library, Task, make_library, random_choice, run_episode, run_menu_filter, scripted_choice,
+                     variant_choice)
 import plumbing
 import policy as policy_lib
 
@@ -402,9 +416,8 @@ def margins_summary(rows: list[dict]) -> list[dict]:
     return out
 
 
-def load_run(run_dir: str, device: str | None = None) -> tuple[dict, Task, policy_lib.MenuPolicy]:
-    """(config, task, policy) of a train.py run folder: the menus the run trained on (its guards, and
-    options.drop_arrived with --arrived drop) and its policy, whose adapters are still to be loaded."""
+def run_config(run_dir: str) -> dict:
+    """A train.py run folder's config.json, checked for what an audit needs."""
     path = os.path.join(run_dir, "config.json")
     try:
         config = json.loads(plumbing.read_text(path, "a run folder of train.py"))
@@ -415,21 +428,37 @@ def load_run(run_dir: str, device: str | None = None) -> tuple[dict, Task, polic
               "scoring", "seed")
     if not isinstance(config, dict) or any(k not in config for k in needed):
         raise plumbing.InputError(f"{path} is not a config of train.py (it needs {', '.join(needed)})")
+    return config
+
+
+def load_run(run_dir: str, device: str | None = None) -> tuple[dict, Task, policy_lib.MenuPolicy]:
+    """(config, task, policy) of a train.py run folder: the menus the run trained on (its guards, and
+    options.drop_arrived with --arrived drop) and its policy, whose adapters are still to be loaded."""
+    config = run_config(run_dir)
+    return config, run_task(run_dir, config), run_policy(config, device)
+
+
+def run_task(run_dir: str, config: dict) -> Task:
+    """The Task a run trained on: its game, option library and menu filter (its guards.json, --arrived)."""
     probe = envs.make_game(config["game"], config["layout"], 0)
     library = make_library(probe, config["action_mode"], config.get("feedback", "none") == "failures")
     guards = guard_lib.load_guards(os.path.join(run_dir, "guards.json"), probe, library) \
         if config["action_mode"] == "options" else None
     menu_filter = run_menu_filter(library, guards.menu_filter if guards else None, config.get("arrived", "keep"))
+    return Task(functools.partial(envs.make_game, config["game"], config["layout"], 0), library, menu_filter)
+
+
+def run_policy(config: dict, device: str | None = None) -> policy_lib.MenuPolicy:
+    """A run's backbone with one fresh LoRA adapter per agent (load_adapters or load_agents fills them)."""
+    n_agents = envs.make_game(config["game"], config["layout"], 0).n_agents
     device = device or config["device"]  # a run trained on a GPU can be audited on the CPU (--device cpu)
     dtype = config["dtype"] if device.startswith("cuda") == config["device"].startswith("cuda") else "auto"
     backbone, tokenizer = plumbing.load_backbone(config["model"], device, dtype)
     lora = policy_lib.LoRA(rank=config["lora_rank"], alpha=config["lora_alpha"],
                            targets=policy_lib.parse_lora_targets(config["lora_targets"]),
                            layers=config.get("lora_layers", 0))
-    policy = policy_lib.MenuPolicy(backbone, tokenizer, policy_lib.agent_names(probe.n_agents), lora,
-                                   scoring=config["scoring"], seed=config["seed"])
-    task = Task(functools.partial(envs.make_game, config["game"], config["layout"], 0), library, menu_filter)
-    return config, task, policy
+    return policy_lib.MenuPolicy(backbone, tokenizer, policy_lib.agent_names(n_agents), lora,
+                                 scoring=config["scoring"], seed=config["seed"])
 
 
 def audit_run(run_dir: str, episodes: int, temperature: float = 0.0, device: str | None = None) -> list[dict]:
@@ -484,8 +513,13 @@ def margins_report(run_dir: str, episodes: int, device: str | None = None) -> li
 
 
 def replay_run(run_dir: str, device: str | None = None, episode: int = 1) -> str:
-    """Redraw a run's replay with its final adapters on its `episode`-th test start state: episode 1 is the one
-    train.py's final audit plays (replay.txt/gif), another K is written to replay_testK.txt/gif beside it."""
+    """Redraw a run's replay with its final adapters on its `episode`-th test start state (of those it was tested
+    on): episode 1 is the one train.py's final audit plays (replay.txt/gif), another K goes to replay_testK.*."""
+    tested = run_config(run_dir).get("eval_episodes")  # checked before any start state is scanned
+    tested = tested if type(tested) is int and tested > 0 else 1
+    if episode > tested:
+        raise plumbing.InputError(f"--episode {episode}: {run_dir} was tested on {tested} start states; expected "
+                                  f"1..{tested}")
     config, task, policy = load_run(run_dir, device)
     seeds = envs.split_seeds(task.new_game(), "test", episode)
     if len(seeds) < episode:
@@ -520,6 +554,374 @@ def final_audit_rows(run_dirs: Sequence[str]) -> list[dict]:
     return rows
 
 
+# ----------------------------------------------------------------------------- cross-play and held-out partners
+# Does cooperation transfer, or did each team learn private conventions (issue #51)? Cross-play pairs agent 1 of
+# one seed with agent 2 of another (Other-Play, Hu et al. 2020); held-out partners put a scripted teammate that
+# no trained agent met in the other seat (as the Overcooked-AI and JaxAHT protocols do).
+
+COMPETENT = 0.8  # train.COMPETENT (audit.py never imports train): >= 0.8 x the scripted team's score is competent
+SWEEP_FREE = ("seed", "out", "resume", "threads")  # config keys in which the runs of one sweep may differ
+
+
+def finished_run(run_dir: str, last: bool = False, sweep: str | None = None) -> dict:
+    """A finished train.py run, checked before any model loads: {"dir", "config", "result", "adapters"}, adapters
+    the folder of its selected checkpoint (snapshots/iter_N, N = result.json's selected_iteration) or, with
+    `last`, of its last adapters (adapters/)."""
+    config = run_config(run_dir)
+    path = os.path.join(run_dir, "result.json")
+    if not os.path.isfile(path):
+        raise plumbing.InputError(f"{run_dir}: no result.json (unfinished); expected a finished run of train.py "
+                                  f"(train.py --resume {sweep or run_dir})")
+    try:
+        result = json.loads(plumbing.read_text(path, "the result.json of train.py"))
+    except json.JSONDecodeError as e:
+        raise plumbing.InputError(f"{path} is not JSON ({e.msg}); expected the result.json of train.py") from None
+    keys = ("selected_iteration", "selected_test_score", "last_test_score")
+    if not isinstance(result, dict) or type(result.get(keys[0])) is not int or \
+            not all(type(result.get(k)) in (int, float) for k in keys[1:]):
+        raise plumbing.InputError(f"{run_dir}/result.json is not what train.py writes; expected {', '.join(keys)}")
+    folder = os.path.join(run_dir, "adapters") if last else \
+        os.path.join(run_dir, "snapshots", f"iter_{result['selected_iteration']:04d}")
+    agents = policy_lib.agent_names(envs.make_game(config["game"], config["layout"], 0).n_agents)
+    missing = [a for a in agents if not os.path.isfile(os.path.join(folder, a, "adapter_model.safetensors"))]
+    if missing:
+        which = "its last adapters" if last else f"the selected checkpoint (iteration {result['selected_iteration']})"
+        raise plumbing.InputError(f"{folder}: no adapter of {', '.join(missing)}; expected {which} of a finished run "
+                                  "of train.py")
+    return {"dir": run_dir, "seed": config["seed"], "config": config, "result": result, "adapters": folder}
+
+
+def sweep_runs(sweep: str, last: bool = False) -> list[dict]:
+    """Every seed of a `train.py --seeds` sweep folder (sweep.json, seedK/) as a finished_run, all checked before
+    any model loads: a missing seed, result.json or checkpoint, or runs that differ in more than SWEEP_FREE, is
+    one InputError line."""
+    where = "a sweep folder of train.py --seeds"
+    if not os.path.isdir(sweep):
+        raise plumbing.InputError(f"{sweep}: not a folder; expected {where}")
+    path = os.path.join(sweep, "sweep.json")
+    if not os.path.isfile(path):
+        raise plumbing.InputError(f"{sweep}: no sweep.json; expected {where}")
+    try:
+        plan = json.loads(plumbing.read_text(path, where))  # its InputError names the file and what is expected
+    except json.JSONDecodeError as e:
+        raise plumbing.InputError(f"{path} is not JSON ({e.msg}); expected {where}") from None
+    seeds = plan.get("seeds") if isinstance(plan, dict) else None
+    if not isinstance(seeds, list) or len(seeds) < 2 or any(type(s) is not int for s in seeds):
+        raise plumbing.InputError(f"{sweep}/sweep.json lists seeds {seeds!r}; expected a sweep of 2 or more seeds")
+    for missing, what in (([s for s in seeds if not os.path.isdir(os.path.join(sweep, f"seed{s}"))], "no folder"),
+                          ([s for s in seeds if not os.path.isfile(os.path.join(sweep, f"seed{s}", "result.json"))],
+                           "no result.json (unfinished)")):
+        if missing:
+            seeds_have = f"seed {missing[0]} of sweep.json has" if len(missing) == 1 else \
+                f"seeds {', '.join(map(str, missing))} of sweep.json have"
+            raise plumbing.InputError(f"{sweep}: {seeds_have} {what}; expected every seed finished (train.py "
+                                      f"--resume {sweep})")
+    runs = [{**finished_run(os.path.join(sweep, f"seed{s}"), last, sweep), "seed": s} for s in seeds]
+    first = runs[0]["config"]
+    for run in runs[1:]:
+        differ = sorted(k for k in set(first) | set(run["config"])
+                        if k not in SWEEP_FREE and first.get(k) != run["config"].get(k))
+        if differ:
+            raise plumbing.InputError(f"{sweep}: seeds {runs[0]['seed']} and {run['seed']} differ in "
+                                      f"{', '.join(differ)}; expected the runs of one sweep, which differ only in "
+                                      f"{', '.join(SWEEP_FREE)}")
+    return runs
+
+
+def seat_filter(filters: Sequence) -> Callable | None:
+    """A menu filter that gives agent i the menus of filters[i] (None: its whole menu): in a mixed team each
+    agent plays with the guards of the run it was trained in."""
+    if all(f is None for f in filters):
+        return None
+    return lambda game, agent, menu: menu if filters[agent] is None else filters[agent](game, agent, menu)
+
+
+def load_agents(policy: policy_lib.MenuPolicy, folders: Sequence[str]) -> None:
+    """policy.agents[i]'s adapter from folders[i] (folders as save_adapters writes them: FOLDER/agentI), through a
+    temporary folder holding each agent's own (MenuPolicy.load_adapters reads every agent from one folder)."""
+    import shutil
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as staging:
+        for agent, folder in zip(policy.agents, folders, strict=True):
+            shutil.copytree(os.path.join(folder, agent), os.path.join(staging, agent))
+        policy.load_adapters(staging)
+
+
+def greedy_episodes(policy: policy_lib.MenuPolicy, task: Task, seeds: Sequence[int], agents: list,
+                    seed: int) -> list:
+    """pamagrpo.evaluate's greedy play in one process: generators seeded by (seed, EVAL_ITERATION, start state,
+    0) and all `seeds` in one lockstep batch, so a run's own team plays here the very episodes of its final
+    test. agents: adapter names, None (the frozen base) or scripted `choose` functions."""
+    gens = [policy_lib.sampling_generator(seed, policy_lib.EVAL_ITERATION, s, 0) for s in seeds]
+    runners, _ = policy_lib.play(task, list(seeds), policy, list(agents), 0.0, gens)
+    return policy_lib.episodes(runners)
+
+
+def mean_score(episodes: list) -> float:
+    return float(np.mean([ep.score for ep in episodes]))
+
+
+def who_works(summary: str) -> str:
+    """An audit summary in a few words, naming the worker of a solo team: 'solo (agent 2 works)'."""
+    label = next(label for label in LABELS if summary.startswith(label))
+    worker = re.match(r"solo \(agent (\d+) does", summary)
+    return f"solo (agent {worker.group(1)} works)" if worker else label
+
+
+def cross_play(sweep: str, last: bool = False, device: str | None = None) -> dict:
+    """Agent 1 of seed i with agent 2 of seed j for every i, j of a sweep (selected checkpoints, or the last
+    adapters), greedy, on the test start states of every run's final test, each agent with its own run's menus;
+    the audit labels of each pair on the first audit_episodes of them (the intact episodes reused). Writes
+    SWEEP/crossplay.json, .md and .png (crossplay_last.* with `last`); the diagonal must reproduce each seed's
+    result.json."""
+    import time
+
+    t0 = time.perf_counter()
+    runs = sweep_runs(sweep, last)
+    config = runs[0]["config"]
+    tasks = [run_task(run["dir"], run["config"]) for run in runs]
+    probe = tasks[0].new_game()
+    if probe.n_agents != 2:
+        raise plumbing.InputError(f"{sweep}: {probe.n_agents}-agent runs; expected two agents to pair")
+    seeds = envs.split_seeds(probe, "test", config["eval_episodes"])  # the start states of each run's final test
+    audited = seeds[:config["audit_episodes"]]
+    scripted = mean_score([run_episode(probe, make_library(probe), scripted_choice(), s) for s in seeds])
+    which = "last_test_score" if last else "selected_test_score"
+    policy = run_policy(config, device)
+    pairs = []
+    for i, one in enumerate(runs):
+        for j, two in enumerate(runs):
+            t1 = time.perf_counter()
+            load_agents(policy, [one["adapters"], two["adapters"]])  # agent 1 from seed i, agent 2 from seed j
+            task = Task(tasks[i].new_game, tasks[i].library, seat_filter([tasks[i].menu_filter, tasks[j].menu_filter]))
+            episodes = greedy_episodes(policy, task, seeds, policy.agents, one["config"]["seed"])
+            pair = {"agent1_seed": one["seed"], "agent2_seed": two["seed"], "score": mean_score(episodes),
+                    "scores": [ep.score for ep in episodes]}
+            if i == j:  # self-play: the run's own final test, episode for episode
+                pair["result_json"] = one["result"][which]
+                pair["reproduces_result"] = abs(pair["score"] - pair["result_json"]) <= 1e-9
+                if not pair["reproduces_result"]:
+                    print(f"warning: seed {one['seed']} with itself scores {pair['score']:.4f} here and "
+                          f"{pair['result_json']:.4f} in its result.json ({which}); expected the same episodes "
+                          "(another device, dtype, thread count or library version?)")
+            if audited:
+                row = audit_llm_team(policy, task, policy.agents, audited, one["config"]["seed"],
+                                     intact=episodes[:len(audited)])
+                pair.update({"label": who_works(row["summary"]), "audit": row["summary"],
+                             **{f"agent{k}.{key}": row[f"agent{k}.{key}"] for k in range(2)
+                                for key in ("progress_share", "idle_fraction", "ablation_idle_drop_rel")}})
+            pair["seconds"] = round(time.perf_counter() - t1, 1)
+            pairs.append(pair)
+            print(f"agent 1 of seed {one['seed']} + agent 2 of seed {two['seed']}: score {pair['score']:.3f}"
+                  + (f", {pair['label']}" if audited else "") + f" ({pair['seconds']:.0f}s)", flush=True)
+    n = len(runs)
+    matrix = [[pairs[i * n + j]["score"] for j in range(n)] for i in range(n)]
+    self_scores = [matrix[i][i] for i in range(n)]
+    cross_scores = [matrix[i][j] for i in range(n) for j in range(n) if i != j]
+    out = {"sweep": sweep, "game": config["game"], "layout": config["layout"],
+           "checkpoint": "last" if last else "selected", "test_states": len(seeds), "audit_states": len(audited),
+           "seeds": [run["seed"] for run in runs], "matrix": matrix, "scripted_score": scripted,
+           "self_play": plumbing.mean_and_ci(self_scores), "cross_play": plumbing.mean_and_ci(cross_scores),
+           "gap": float(np.mean(self_scores) - np.mean(cross_scores)),
+           "competent_self": sum(s >= COMPETENT * scripted for s in self_scores),
+           "competent_cross": sum(s >= COMPETENT * scripted for s in cross_scores),
+           "reproduces_results": all(p.get("reproduces_result", True) for p in pairs), "pairs": pairs}
+    out["seconds"] = round(time.perf_counter() - t0, 1)
+    stem = os.path.join(sweep, "crossplay_last" if last else "crossplay")
+    plumbing.write_json(stem + ".json", out)
+    plumbing.write_file(stem + ".md", cross_play_markdown(out, os.path.basename(stem)))
+    plot_cross_play(out, stem + ".png")
+    print(f"self-play {plumbing.mean_ci(out['self_play'])}, cross-play {plumbing.mean_ci(out['cross_play'])}, gap "
+          f"{out['gap']:.3f}; {stem}.md ({out['seconds']:.0f}s)")
+    return out
+
+
+def cross_play_markdown(out: dict, stem: str) -> str:
+    seeds, matrix, n = out["seeds"], out["matrix"], len(out["seeds"])
+    which = "selected checkpoints" if out["checkpoint"] == "selected" else "last adapters"
+    flag = " --last" if out["checkpoint"] == "last" else ""
+    score_name = "selected_test_score" if out["checkpoint"] == "selected" else "last_test_score"
+    head = ["| agent 1 of \\ agent 2 of | " + " | ".join(f"seed {s}" for s in seeds) + " |",
+            "| --- |" + " --- |" * n]
+    lines = [f"# Cross-play of {out['sweep']} ({out['game']}/{out['layout']}, {which}, greedy)", "",
+             f"`python audit.py --cross-play {out['sweep']}{flag}` ({out['seconds'] / 60:.1f} min). Agent 1 of the "
+             "row's seed with agent 2 of the column's, each with the menus (guards) of its own run, on the "
+             f"{out['test_states']} test start states of every run's final test.", "",
+             f"**Self-play** (the diagonal, {n} pairs): {plumbing.mean_ci(out['self_play'])}; **cross-play** (off "
+             f"the diagonal, {n * (n - 1)} pairs): {plumbing.mean_ci(out['cross_play'])}; **gap** "
+             f"{out['gap']:.3f}. Competent pairs (>= {COMPETENT} x the scripted team's {out['scripted_score']:.3f}): "
+             f"self-play {out['competent_self']}/{n}, cross-play {out['competent_cross']}/{n * (n - 1)}. 95% "
+             "bootstrap CIs over pairs; pairs that share a seed are not independent, so they understate the "
+             "spread over seeds.", "",
+             f"The diagonal reproduces each seed's result.json ({score_name}): "
+             f"{'yes' if out['reproduces_results'] else '**no** (see the warnings in crossplay.json)'}.", "", *head]
+    for i, s in enumerate(seeds):
+        lines.append(f"| seed {s} | " + " | ".join(f"**{v:.3f}**" if i == j else f"{v:.3f}"
+                                                   for j, v in enumerate(matrix[i])) + " |")
+    lines += ["", f"Heatmap: `{stem}.png`.", ""]
+    if out["audit_states"]:
+        labels = [p["label"] for p in out["pairs"]]
+        count = {"self-play": [labels[i * n + i] for i in range(n)],
+                 "cross-play": [labels[i * n + j] for i in range(n) for j in range(n) if i != j]}
+        lines += [f"## Who works (audit.py labels on the first {out['audit_states']} test start states)", "",
+                  "; ".join(f"{k}: " + ", ".join(f"{label} {v.count(label)}" for label in sorted(set(v)))
+                            for k, v in count.items()) + ".", "", *head]
+        for i, s in enumerate(seeds):
+            lines.append(f"| seed {s} | " + " | ".join(labels[i * n: (i + 1) * n]) + " |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def plot_cross_play(out: dict, path: str) -> None:
+    """The cross-play matrix as a heatmap, the self-play diagonal outlined."""
+    from matplotlib.patches import Rectangle
+
+    matrix, seeds = np.asarray(out["matrix"], float), out["seeds"]  # (S, S)
+    n = len(seeds)
+    fig = plumbing.new_figure(figsize=(2.4 + 0.9 * n, 1.0 + 0.8 * n))
+    ax = fig.subplots()
+    image = ax.imshow(matrix, vmin=0.0, vmax=max(1.0, float(matrix.max())), cmap="viridis")
+    for i in range(n):
+        for j in range(n):
+            ax.text(j, i, f"{matrix[i, j]:.2f}", ha="center", va="center", fontsize=8,
+                    color="black" if matrix[i, j] > 0.6 * max(1.0, float(matrix.max())) else "white")
+        ax.add_patch(Rectangle((i - 0.5, i - 0.5), 1, 1, fill=False, edgecolor="red", linewidth=1.5))
+    ax.set_xticks(range(n), [str(s) for s in seeds])
+    ax.set_yticks(range(n), [str(s) for s in seeds])
+    ax.set_xlabel("seed of agent 2")
+    ax.set_ylabel("seed of agent 1")
+    ax.set_title(f"{out['game']}/{os.path.basename(out['layout'])}: self {out['self_play']['mean']:.2f}, "
+                 f"cross {out['cross_play']['mean']:.2f}", fontsize=9)
+    fig.colorbar(image, ax=ax, label="greedy test score")
+    plumbing.save_figure(fig, path, dpi=120, bbox_inches="tight")
+
+
+def partner_reference(game: Game, library: Library, seeds: Sequence[int]) -> dict:
+    """The scripted teams on `seeds` (whole menus): the standard team's mean score, and each held-out partner's
+    (Library.variants, and 'standard') with the standard partner in the other seat: name -> [with the partner in
+    seat 1, in seat 2]."""
+    out: dict = {"standard_team": mean_score([run_episode(game, library, scripted_choice(), s) for s in seeds]),
+                 "partners": {}}
+    for name in ("standard", *library.variants):
+        out["partners"][name] = []
+        for seat in range(2):
+            team = [scripted_choice(), scripted_choice()]
+            team[seat] = variant_choice(name)
+            out["partners"][name].append(mean_score([run_episode(game, library, team_choose(team), s)
+                                                     for s in seeds]))
+    return out
+
+
+def partner_solves(reference: dict, name: str, seat: int) -> bool:
+    """Whether partner `name` in `seat` reaches COMPETENT x the standard team's score with the standard partner:
+    only then does a failed pairing with a trained agent count against the trained agent."""
+    return reference["partners"][name][seat] >= COMPETENT * reference["standard_team"]
+
+
+def variant_rows(episodes: int) -> list[dict]:
+    """Each held-out partner with the standard scripted partner, in either seat, on every built-in layout's first
+    `episodes` test start states (`python audit.py --variants`)."""
+    rows = []
+    for game_name, cls in envs.GAMES.items():
+        for layout in cls.layouts:
+            game = envs.make_game(game_name, layout)
+            library = make_library(game)
+            reference = partner_reference(game, library, envs.split_seeds(game, "test", episodes))
+            for name, does in library.variants.items():
+                rows.append({"game": game_name, "layout": layout, "partner": name, "what it does": does,
+                             "in seat 1": reference["partners"][name][0], "in seat 2": reference["partners"][name][1],
+                             "standard team": reference["standard_team"],
+                             "solves": all(partner_solves(reference, name, seat) for seat in range(2))})
+    return rows
+
+
+def held_out_partners(target: str, device: str | None = None) -> dict:
+    """Each trained agent (selected checkpoint) of a run, or of every seed of a sweep, in its own seat with each
+    scripted partner in the other: the standard one (options.scripted_choice) and the game's held-out ones
+    (Library.variants), greedy, on the run's test start states; scores normalized by the standard scripted
+    team's on the same states. Writes TARGET/partners.json and partners.md."""
+    import time
+
+    t0 = time.perf_counter()
+    if not os.path.isdir(target):
+        raise plumbing.InputError(f"{target}: not a folder; expected a run or sweep folder of train.py")
+    runs = sweep_runs(target) if os.path.exists(os.path.join(target, "sweep.json")) else [finished_run(target)]
+    config = runs[0]["config"]
+    probe = envs.make_game(config["game"], config["layout"], 0)
+    if probe.n_agents != 2 or config["action_mode"] != "options":
+        raise plumbing.InputError(f"{target}: {probe.n_agents} agents over {config['action_mode']}; expected a "
+                                  "two-agent run over options (the scripted partners choose options)")
+    library = make_library(probe)
+    seeds = envs.split_seeds(probe, "test", config["eval_episodes"])
+    reference = partner_reference(probe, library, seeds)
+    names = list(reference["partners"])
+    for name in names:
+        print(f"partner {name} with the standard partner: {reference['partners'][name][0]:.3f} in seat 1, "
+              f"{reference['partners'][name][1]:.3f} in seat 2 (standard team {reference['standard_team']:.3f})")
+    policy = run_policy(config, device)
+    rows = []
+    for run in runs:
+        task = run_task(run["dir"], run["config"])
+        policy.load_adapters(run["adapters"])
+        for seat in range(2):  # the trained agent's own seat; the partner plays the other
+            filters = [task.menu_filter if k == seat else None for k in range(2)]  # partners see whole menus
+            played = Task(task.new_game, task.library, seat_filter(filters))
+            for name in names:
+                agents = [policy.agents[k] if k == seat else variant_choice(name) for k in range(2)]
+                score = mean_score(greedy_episodes(policy, played, seeds, agents, run["config"]["seed"]))
+                rows.append({"seed": run["seed"], "trained_agent": seat + 1, "partner": name, "score": score,
+                             "normalized": score / reference["standard_team"] if reference["standard_team"] else 0.0,
+                             "evidence": partner_solves(reference, name, 1 - seat)})
+                print(f"seed {run['seed']}: trained agent {seat + 1} with {name}: score {score:.3f}", flush=True)
+    summary = {}
+    for name in names:
+        mine = [r for r in rows if r["partner"] == name and r["evidence"]]
+        summary[name] = {"both": plumbing.mean_and_ci([r["normalized"] for r in mine]),
+                         "competent": sum(r["normalized"] >= COMPETENT for r in mine), "pairings": len(mine),
+                         **{f"agent{k + 1}": plumbing.mean_and_ci([r["normalized"] for r in mine
+                                                                   if r["trained_agent"] == k + 1])
+                            for k in range(2)}}
+    out = {"target": target, "game": config["game"], "layout": config["layout"], "test_states": len(seeds),
+           "seeds": [run["seed"] for run in runs], "reference": reference,
+           "partners": {name: library.variants.get(name, "options.scripted_choice(): the project's scripted "
+                                                          "teammate") for name in names},
+           "summary": summary, "rows": rows, "seconds": round(time.perf_counter() - t0, 1)}
+    plumbing.write_json(os.path.join(target, "partners.json"), out)
+    plumbing.write_file(os.path.join(target, "partners.md"), partners_markdown(out))
+    print(f"{os.path.join(target, 'partners.md')} ({out['seconds']:.0f}s)")
+    return out
+
+
+def partners_markdown(out: dict) -> str:
+    reference, n = out["reference"], len(out["seeds"])
+    lines = [f"# Held-out partners of {out['target']} ({out['game']}/{out['layout']}, selected checkpoints, greedy)",
+             "", f"`python audit.py --partners {out['target']}` ({out['seconds'] / 60:.1f} min). Each trained agent "
+             "plays in its own seat (its own guards) with a scripted partner in the other (whole menus) on the "
+             f"{out['test_states']} test start states of the final test; scores are normalized by the standard "
+             f"scripted team's on the same states ({reference['standard_team']:.3f}). The held-out partners were "
+             f"written before any trained agent played with them. A partner below {COMPETENT} x the standard team "
+             "with the standard partner in the same seats cannot tell a trained agent's failure from its own: "
+             "those pairings are marked and left out of the means.", "",
+             "| partner | what it does | with the standard partner: partner in seat 1 | partner in seat 2 |",
+             "| --- | --- | --- | --- |"]
+    for name, does in out["partners"].items():
+        scores = [f"{s:.3f}" + ("" if partner_solves(reference, name, k) else " (fails: no evidence)")
+                  for k, s in enumerate(reference["partners"][name])]
+        lines.append(f"| {name} | {does} | {scores[0]} | {scores[1]} |")
+    lines += ["", f"Normalized score, mean [95% bootstrap CI] over seeds ({n}), or over seeds and seats (both); "
+              f"competent: >= {COMPETENT}.", "",
+              "| partner | trained agent 1 (partner in seat 2) | trained agent 2 (partner in seat 1) | both | "
+              "competent pairings |", "| --- | --- | --- | --- | --- |"]
+    for name, s in out["summary"].items():
+        lines.append(f"| {name} | {plumbing.mean_ci(s['agent1'])} | {plumbing.mean_ci(s['agent2'])} | "
+                     f"{plumbing.mean_ci(s['both'])} | {s['competent']}/{s['pairings']} |")
+    lines += ["", "| seed | trained agent | partner | score | normalized | evidence |", "|" + " --- |" * 6]
+    lines += [f"| {r['seed']} | {r['trained_agent']} | {r['partner']} | {r['score']:.3f} | {r['normalized']:.3f} | "
+              f"{'yes' if r['evidence'] else 'no'} |" for r in out["rows"]]
+    return "\n".join(lines) + "\n"
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     parser = plumbing.ArgumentParser(description="Behavioral audits: who does the work, and what each agent "
                                                  "is worth counterfactually.")
@@ -543,12 +945,23 @@ def main(argv: Sequence[str] | None = None) -> None:
                         "test start state: RUN_DIR/replay.txt and replay.gif (as train.py's final audit writes them)")
     parser.add_argument("--episode", type=plumbing.number(1, 100_000, integer=True), default=None,
                         help="--replay: the K-th test start state instead of the first (replay_testK.txt/gif)")
+    parser.add_argument("--cross-play", metavar="SWEEP", help="agent 1 of every seed of a train.py --seeds sweep with "
+                        "agent 2 of every seed, greedy, on the test start states (SWEEP/crossplay.json, .md, .png)")
+    parser.add_argument("--last", action="store_true",
+                        help="--cross-play: the last adapters instead of the selected checkpoints (crossplay_last.*)")
+    parser.add_argument("--partners", metavar="RUN_OR_SWEEP", help="each trained agent (selected checkpoint) with the "
+                        "standard and the held-out scripted partners in the other seat (partners.json, .md)")
+    parser.add_argument("--variants", action="store_true", help="each held-out scripted partner with the standard "
+                        "one, either seat, on every built-in layout (its first --seeds test start states)")
     cli = parser.parse_args(argv)
     if cli.episode is not None and not cli.replay:
         raise plumbing.InputError(f"--episode {cli.episode} applies to --replay RUN_DIR only")
-    if sum(map(bool, (cli.run_dir, cli.final, cli.reference, cli.decoupling, cli.margins, cli.replay))) > 1:
+    if cli.last and not cli.cross_play:
+        raise plumbing.InputError("--last applies to --cross-play SWEEP only")
+    if sum(map(bool, (cli.run_dir, cli.final, cli.reference, cli.decoupling, cli.margins, cli.replay, cli.cross_play,
+                      cli.partners, cli.variants))) > 1:
         raise plumbing.InputError("RUN_DIR, --final, --reference, --decoupling, --margins and --replay are different "
-                                  "audits; expected one of them")
+                                  "audits, and so are --cross-play, --partners and --variants; expected one of them")
     for flag, finished in (("--margins", cli.margins), ("--replay", cli.replay)):
         if finished and not os.path.isdir(os.path.join(finished, "adapters")):
             raise plumbing.InputError(f"{flag} {finished}: no adapters/ folder; expected a finished run folder of "
@@ -569,6 +982,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     elif cli.temperature > 0 and not cli.run_dir:
         raise plumbing.InputError("--temperature applies to a RUN_DIR audit only (--final reads saved greedy audits, "
                                   "--reference plays scripted teams)")
+    elif cli.cross_play:
+        cross_play(cli.cross_play, cli.last, cli.device)
+    elif cli.partners:
+        held_out_partners(cli.partners, cli.device)
+    elif cli.variants:
+        print(table(variant_rows(cli.seeds), ["game", "layout", "partner", "in seat 1", "in seat 2", "standard team",
+                                              "solves", "what it does"]))
     elif cli.run_dir:
         if not os.path.isdir(cli.run_dir):
             raise plumbing.InputError(f"{cli.run_dir}: not a folder; expected a run folder of train.py")

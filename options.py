@@ -12,7 +12,11 @@ execution (agent, option, start step, duration, outcome, reason) and every attri
 `PrimitiveLibrary` turns the primitive actions into one-step options for the same runner and policy.
 
 Reference teams: `scripted_choice` (a cooperative heuristic; `solo=True`: one agent works, the others wait)
-and `random_choice` (uniform over the menu). Run `python options.py --game forage --show`.
+and `random_choice` (uniform over the menu). Held-out partners (`variant_choice`, `Library.variants`): a few
+scripted teammates per game with other conventions (kitchen: an onion-only, a dish-only and a lone cook; forage:
+nearest-food and highest-level-first loaders; coop_push: heavy-box-first and small-boxes-first pushers), built
+from the same heuristics and written before any trained agent played with them (audit.py --partners).
+Run `python options.py --game forage --show`.
 """
 
 from __future__ import annotations
@@ -80,6 +84,12 @@ class Library:
         return False
 
     def scripted(self, game: Game, runner: Runner, agent: int, menu: list[Option], solo: bool) -> Option:
+        raise NotImplementedError
+
+    variants: dict[str, str] = {}  # held-out scripted partners: name -> what it does (scripted_variant)
+
+    def scripted_variant(self, game: Game, runner: Runner, agent: int, menu: list[Option], name: str) -> Option:
+        """The option of the held-out scripted partner `name` (one of `variants`), in either seat."""
         raise NotImplementedError
 
     # helpers shared by the libraries
@@ -281,17 +291,38 @@ class PushOptions(Library):
         heavy = [k for k in left if game.box_heavy[k]]
         if heavy and not solo:
             return self.pick(menu, "push_heavy", heavy[0], "north")
-        small = [k for k in left if not game.box_heavy[k]]
+        k = self.small_box(game, runner, agent, [k for k in left if not game.box_heavy[k]], solo)
+        return self.pick(menu, "wait") if k is None else self.pick(menu, "push", k, "north")
+
+    def small_box(self, game, runner, agent: int, small: list[int], solo: bool, nearest: bool = True) -> int | None:
+        """The small box the scripted pusher takes next: one nobody else is pushing, preferably with no agent on
+        its pushing spot or path, the nearest (nearest=False: the lowest index); None: none for it now."""
         taken = {o.args[0] for j, o in enumerate(runner.current) if j != agent and o is not None and o.args}
         free = [k for k in small if k not in taken] or ([] if len(small) == 1 and not solo else small)
         others = partner_cells(game, agent)
         free = [k for k in free if game.boxes[k][0] + game.width not in others and
                 game.boxes[k][0] - game.width not in others] or free  # prefer no agent on its pushing spot/path
         if not free:
-            return self.pick(menu, "wait")
+            return None
         # the nearest box nobody else is pushing (agents decide in index order, so they split the boxes)
-        k = min(free, key=lambda k: (game.manhattan(game.pos[agent], game.boxes[k][0] + game.width), k))
-        return self.pick(menu, "push", k, "north")
+        return min(free, key=lambda k: (game.manhattan(game.pos[agent], game.boxes[k][0] + game.width) if nearest
+                                        else 0, k))
+
+    variants = {"heavy_first": "pushes the heavy box north until it is delivered, then the small boxes in index "
+                               "order (box 1 first), skipping one its partner pushes",
+                "small_first": "pushes the small boxes first (the nearest one its partner does not push), and the "
+                               "heavy box only when no small box is left for it"}
+
+    def scripted_variant(self, game, runner, agent, menu, name):
+        left = [k for k in range(len(game.boxes)) if not game.delivered[k]]
+        heavy = [k for k in left if game.box_heavy[k]]
+        if heavy and name == "heavy_first":
+            return self.pick(menu, "push_heavy", heavy[0], "north")
+        k = self.small_box(game, runner, agent, [k for k in left if not game.box_heavy[k]], False,
+                           nearest=name == "small_first")
+        if k is not None:
+            return self.pick(menu, "push", k, "north")
+        return self.pick(menu, "push_heavy", heavy[0], "north") if heavy else self.pick(menu, "wait")
 
 
 # ----------------------------------------------------------------------------- forage
@@ -378,6 +409,27 @@ class ForageOptions(Library):
                 return self.pick(menu, "wait")
             return self.pick(menu, "load", min(lift, key=lambda k: (game.manhattan(game.pos[agent], game.food[k]), k)))
         return self.pick(menu, "load", left[0]) if left else self.pick(menu, "wait")
+
+    variants = {"nearest_food": "loads the nearest food left; after a load of its own failed, it joins the food its "
+                                "partner goes for",
+                "highest_level": "loads the highest-level food left first (the nearest of equal levels); after a "
+                                 "load of its own failed, it joins the food its partner goes for"}
+
+    def scripted_variant(self, game, runner, agent, menu, name):
+        left = [k for k in range(len(game.food)) if not game.collected[k]]
+        if not left:
+            return self.pick(menu, "wait")
+        # yield after a failure (a load that timed out waiting for help): otherwise two loaders that insist on
+        # different foods that need both of them wait at them forever
+        mine = runner.running[agent]  # this agent's last execution (ended: it is choosing), None at the start
+        theirs = [run.option.args[0] for j, run in enumerate(runner.running) if j != agent and run is not None
+                  and run.option.kind in ("goto_food", "load") and not game.collected[run.option.args[0]]]
+        if mine is not None and mine.option.kind == "load" and mine.success is False and theirs:
+            return self.pick(menu, "load", theirs[0])
+        distance = {k: game.manhattan(game.pos[agent], game.food[k]) for k in left}
+        if name == "highest_level":
+            return self.pick(menu, "load", min(left, key=lambda k: (-game.food_levels[k], distance[k], k)))
+        return self.pick(menu, "load", min(left, key=lambda k: (distance[k], k)))
 
 
 # ----------------------------------------------------------------------------- kitchen
@@ -543,6 +595,25 @@ class KitchenOptions(Library):
         if solo and agent != 0:
             return self.pick(menu, "wait")
         others = [j for j in range(game.n_agents) if j != agent and not solo]
+        return self.cook(game, runner, agent, menu, others, ("onion", "dish"))
+
+    variants = {"onion_cook": "fetches onions and puts them in pots (over a counter where it cannot reach a pot), "
+                              "never dishes or soup",
+                "dish_cook": "fetches dishes, plates soup and serves it (dishes over a counter where it cannot "
+                             "reach a pot), never onions",
+                "lone_cook": "the scripted cook as if it were alone: it fetches every onion and dish itself, "
+                             "whatever its partner is fetching"}
+
+    def scripted_variant(self, game, runner, agent, menu, name):
+        if name == "lone_cook":
+            return self.cook(game, runner, agent, menu, [], ("onion", "dish"))
+        others = [j for j in range(game.n_agents) if j != agent]
+        return self.cook(game, runner, agent, menu, others, ("onion",) if name == "onion_cook" else ("dish",))
+
+    def cook(self, game, runner, agent: int, menu: list[Option], others: list[int], roles: tuple[str, ...]) -> Option:
+        """The scripted cook's next option, counting on the items that `others` (agents) hold or fetch, and taking
+        up only the steps of `roles`: 'onion' (fetch, take and put onions), 'dish' (fetch and take dishes, plate
+        and serve soup). An item already in hand is always taken where it goes."""
         reach = self.reach(game, agent, others=False)
 
         def can(cells) -> bool:
@@ -574,15 +645,16 @@ class KitchenOptions(Library):
         if held == "onion":
             open_pots = sorted((k for k in pots if game.pot_onions[k] < 3), key=lambda k: (-game.pot_onions[k], k))
             return self.pick(menu, "put_onion", open_pots[0]) if open_pots else self.pick(menu, "place")
-        if any(item == "soup" for item, _ in game.on_counter.values()) and can(game.windows):
+        if "dish" in roles and any(item == "soup" for item, _ in game.on_counter.values()) and can(game.windows):
             return self.pick(menu, "take", "soup")
-        if dish_needed or (pots and any(game.pot_onions[k] == 3 for k in pots) and
-                           any(item == "dish" for item, _ in game.on_counter.values())):
+        if "dish" in roles and (dish_needed or (pots and any(game.pot_onions[k] == 3 for k in pots) and
+                                                any(item == "dish" for item, _ in game.on_counter.values()))):
             if pots and any(item == "dish" for item, _ in game.on_counter.values()):
                 return self.pick(menu, "take", "dish")
             if dish_needed and can(game.dish_dispensers):
                 return self.pick(menu, "fetch_dish")
-        if onions_needed > busy_with({"onion"}) or (pots and any(i == "onion" for i, _ in game.on_counter.values())):
+        if "onion" in roles and (onions_needed > busy_with({"onion"}) or
+                                 (pots and any(i == "onion" for i, _ in game.on_counter.values()))):
             if pots and any(item == "onion" for item, _ in game.on_counter.values()):
                 return self.pick(menu, "take", "onion")
             if can(game.onion_dispensers) and onions_needed > busy_with({"onion"}):
@@ -774,6 +846,13 @@ def run_episode(game: Game, library: Library, choose, seed: int, menu_filter=Non
 def scripted_choice(solo: bool = False):
     """The scripted team as a `choose` function (cooperative, or solo: one agent works)."""
     return lambda runner, agent, menu: runner.library.scripted(runner.game, runner, agent, menu, solo)
+
+
+def variant_choice(name: str):
+    """A held-out scripted partner (Library.variants) as a `choose` function; 'standard' is scripted_choice()."""
+    if name == "standard":
+        return scripted_choice()
+    return lambda runner, agent, menu: runner.library.scripted_variant(runner.game, runner, agent, menu, name)
 
 
 def random_choice(rng: np.random.Generator):
