@@ -841,12 +841,12 @@ def check_ownership(path: str, kind: str, flag: str, resume: bool) -> None:
     if found and not resume:
         raise InputError(f"{flag} {path}: a {kind} already exists there; pass --resume {path} or another --out")
     if not found and os.path.isdir(real):
-        for below in (e.path for e in os.scandir(real) if e.is_dir()):
-            inner = [below] + [e.path for e in os.scandir(below) if e.is_dir()] if os.access(below, os.R_OK) else []
-            held = next((d for d in inner if folder_kind(d)), None)
-            if held:
-                raise InputError(f"{flag} {path}: holds the {folder_kind(held)} folder {held}; expected a folder "
-                                 "that holds no run or sweep")
+        below = [e.path for e in os.scandir(real) if e.is_dir()]  # two levels: a sweep's seedK folders included
+        below += [e.path for d in below if os.access(d, os.R_OK) for e in os.scandir(d) if e.is_dir()]
+        held = next((d for d in below if folder_kind(d)), None)
+        if held:
+            raise InputError(f"{flag} {path}: holds the {folder_kind(held)} folder {held}; expected a folder that "
+                             "holds no run or sweep")
 
 
 def lock_holder(path: str) -> str | None:
