@@ -572,10 +572,7 @@ def finished_run(run_dir: str, last: bool = False, sweep: str | None = None) -> 
     if not os.path.isfile(path):
         raise plumbing.InputError(f"{run_dir}: no result.json (unfinished); expected a finished run of train.py "
                                   f"(train.py --resume {sweep or run_dir})")
-    try:
-        result = json.loads(plumbing.read_text(path, "the result.json of train.py"))
-    except json.JSONDecodeError as e:
-        raise plumbing.InputError(f"{path} is not JSON ({e.msg}); expected the result.json of train.py") from None
+    result = plumbing.read_json(path, "the result.json of train.py", run_dir)
     keys = ("selected_iteration", "selected_test_score", "last_test_score")
     if not isinstance(result, dict) or type(result.get(keys[0])) is not int or \
             not all(type(result.get(k)) in (int, float) for k in keys[1:]):
@@ -598,13 +595,7 @@ def sweep_runs(sweep: str, last: bool = False) -> list[dict]:
     where = "a sweep folder of train.py --seeds"
     if not os.path.isdir(sweep):
         raise plumbing.InputError(f"{sweep}: not a folder; expected {where}")
-    path = os.path.join(sweep, "sweep.json")
-    if not os.path.isfile(path):
-        raise plumbing.InputError(f"{sweep}: no sweep.json; expected {where}")
-    try:
-        plan = json.loads(plumbing.read_text(path, where))  # its InputError names the file and what is expected
-    except json.JSONDecodeError as e:
-        raise plumbing.InputError(f"{path} is not JSON ({e.msg}); expected {where}") from None
+    plan = plumbing.read_json(os.path.join(sweep, "sweep.json"), where, sweep)
     seeds = plan.get("seeds") if isinstance(plan, dict) else None
     if not isinstance(seeds, list) or len(seeds) < 2 or any(type(s) is not int for s in seeds):
         raise plumbing.InputError(f"{sweep}/sweep.json lists seeds {seeds!r}; expected a sweep of 2 or more seeds")

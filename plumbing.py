@@ -256,11 +256,16 @@ def check_output_folder(path: str, flag: str) -> None:
 
 
 def read_json(path: str, what: str, context: str):
-    """A JSON file's content, or InputError '{context}: cannot read {path} (why); expected {what}'."""
+    """A JSON file's content, or one InputError line starting with `context` that names the file and `what` is
+    expected (read_text's for a missing, oversized or non-UTF-8 file)."""
     try:
-        return json.loads(read_text(path, what))
-    except (InputError, json.JSONDecodeError) as e:
-        raise InputError(f"{context}: cannot read {path} ({one_line(e)}); expected {what}") from None
+        text = read_text(path, what)
+    except InputError as e:
+        raise InputError(f"{context}: {e}") from None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise InputError(f"{context}: cannot read {path} (not JSON: {e.msg}); expected {what}") from None
 
 
 def write_json(path: str, data) -> None:
