@@ -53,7 +53,7 @@ TRAIN_SEED0 = 10_000_000  # training scans seeds from here (start states split b
 class Args(pamagrpo.Config):  # the algorithm's hyperparameters (B, G, T, eps, gamma, ...) are pamagrpo.Config's
     game: str = "coop_push"  # coop_push | forage | kitchen
     layout: str | None = None  # a built-in layout name or a layout file; default: the game's classic layout
-    model: str = "smollm2-135m"  # preset (smollm2-135m, gemma3-270m, tiny), local dir, .gguf file or hub id
+    model: str = "smollm2-135m"  # preset (smollm2-135m, gemma3-270m, qwen2.5-coder-0.5b, tiny), folder, .gguf or hub id
     device: str = "cpu"  # cpu | cuda | cuda:N
     dtype: str = "auto"  # auto (bfloat16 where the hardware has it natively, else float32) | bfloat16 | float32
     threads: int = 2  # torch CPU threads
