@@ -50,10 +50,10 @@ Run `python audit.py --reference` (the scripted teams on every built-in layout),
 base and snapshots over training, greedy; `--temperature T` samples the teams, which may score only when
 sampled), `--final RUN_DIR...` (one row per run from train.py's final audit), `--decoupling LABEL=SWEEP...`
 (the decoupling figure), `--margins RUN_DIR` (greedy argmax margins and failed streaks), `--replay RUN_DIR
-[--episode K]` (redraw a run's replay), `--cross-play SWEEP [--last]` (SWEEP/crossplay.json, .md, .png),
-`--partners RUN_OR_SWEEP` (partners.json, .md) or `--variants` (each scripted variant with the standard partner
-on every built-in layout); `--seeds N`: the first N test start states.
-Test: `pytest test_all.py -k "audit or replay or margins or decoupling or cross_play or partner"`.
+[--episode K]` (redraw a run's replay), `--cross-play SWEEP [--last]` (SWEEP/crossplay.json, .md, .png,
+and the worst failed cross pair's replay), `--partners RUN_OR_SWEEP` (partners.json, .md) or `--variants` (each
+scripted variant with the standard partner on every built-in layout); `--seeds N`: the first N test start states.
+Test: `pytest test_all.py -k "audit or replay or margins or decoupling or cross_p or partner"`.
 Needs envs (games, events), options (runner, Task, scripted teams), policy (LLM teams, the lockstep `play`),
 guards (a run's menus) and plumbing (files, errors, CLI, figures); never pamagrpo or train: an audit needs no
 training algorithm.
@@ -664,8 +664,8 @@ def cross_play(sweep: str, last: bool = False, device: str | None = None) -> dic
     """Agent 1 of seed i with agent 2 of seed j for every i, j of a sweep (selected checkpoints, or the last
     adapters), greedy, on the test start states of every run's final test, each agent with its own run's menus;
     the audit labels of each pair on the first audit_episodes of them (the intact episodes reused). Writes
-    SWEEP/crossplay.json, .md and .png (crossplay_last.* with `last`); the diagonal must reproduce each seed's
-    result.json."""
+    SWEEP/crossplay.json, .md and .png (crossplay_last.* with `last`), and crossplay_replay.txt/.gif: the worst
+    episode of the worst cross pair below COMPETENT, if one is; the diagonal must reproduce each seed's result.json."""
     import time
 
     t0 = time.perf_counter()
@@ -680,12 +680,16 @@ def cross_play(sweep: str, last: bool = False, device: str | None = None) -> dic
     scripted = mean_score([run_episode(probe, make_library(probe), scripted_choice(), s) for s in seeds])
     which = "last_test_score" if last else "selected_test_score"
     policy = run_policy(config, device)
+
+    def seat(i: int, j: int) -> Task:  # agent 1 from seed i, agent 2 from seed j, each with its own run's menus
+        load_agents(policy, [runs[i]["adapters"], runs[j]["adapters"]])
+        return Task(tasks[i].new_game, tasks[i].library, seat_filter([tasks[i].menu_filter, tasks[j].menu_filter]))
+
     pairs = []
     for i, one in enumerate(runs):
         for j, two in enumerate(runs):
             t1 = time.perf_counter()
-            load_agents(policy, [one["adapters"], two["adapters"]])  # agent 1 from seed i, agent 2 from seed j
-            task = Task(tasks[i].new_game, tasks[i].library, seat_filter([tasks[i].menu_filter, tasks[j].menu_filter]))
+            task = seat(i, j)
             episodes = greedy_episodes(policy, task, seeds, policy.agents, one["config"]["seed"])
             pair = {"agent1_seed": one["seed"], "agent2_seed": two["seed"], "score": mean_score(episodes),
                     "scores": [ep.score for ep in episodes]}
@@ -718,14 +722,33 @@ def cross_play(sweep: str, last: bool = False, device: str | None = None) -> dic
            "competent_self": sum(s >= COMPETENT * scripted for s in self_scores),
            "competent_cross": sum(s >= COMPETENT * scripted for s in cross_scores),
            "reproduces_results": all(p.get("reproduces_result", True) for p in pairs), "pairs": pairs}
-    out["seconds"] = round(time.perf_counter() - t0, 1)
     stem = os.path.join(sweep, "crossplay_last" if last else "crossplay")
+    worst = worst_cross_episode(pairs, n, COMPETENT * scripted)
+    if worst:  # what a failed cross-play pair does: its worst episode, replayed (txt and gif)
+        i, j, episode = worst
+        task = seat(i, j)
+        text = replay(task.new_game(), task.library, [policy_lib.llm_choose(policy, a) for a in policy.agents],
+                      seeds[episode], task.menu_filter, gif=stem + "_replay.gif")
+        plumbing.write_file(stem + "_replay.txt", text + "\n")
+        out["replay"] = {"agent1_seed": runs[i]["seed"], "agent2_seed": runs[j]["seed"], "start_state": seeds[episode],
+                         "score": pairs[i * n + j]["scores"][episode], "file": os.path.basename(stem) + "_replay.txt"}
+    out["seconds"] = round(time.perf_counter() - t0, 1)
     plumbing.write_json(stem + ".json", out)
     plumbing.write_file(stem + ".md", cross_play_markdown(out, os.path.basename(stem)))
     plot_cross_play(out, stem + ".png")
     print(f"self-play {plumbing.mean_ci(out['self_play'])}, cross-play {plumbing.mean_ci(out['cross_play'])}, gap "
           f"{out['gap']:.3f}; {stem}.md ({out['seconds']:.0f}s)")
     return out
+
+
+def worst_cross_episode(pairs: list[dict], n: int, bar: float) -> tuple[int, int, int] | None:
+    """(i, j, episode) of the lowest-scoring cross pair (i != j; pairs[i * n + j]) below `bar` and of its
+    lowest-scoring episode, the first of equals; None when every cross pair reaches `bar`."""
+    failed = [k for k, p in enumerate(pairs) if k // n != k % n and p["score"] < bar]
+    if not failed:
+        return None
+    k = min(failed, key=lambda k: pairs[k]["score"])
+    return k // n, k % n, int(np.argmin(pairs[k]["scores"]))
 
 
 def cross_play_markdown(out: dict, stem: str) -> str:
@@ -751,6 +774,11 @@ def cross_play_markdown(out: dict, stem: str) -> str:
         lines.append(f"| seed {s} | " + " | ".join(f"**{v:.3f}**" if i == j else f"{v:.3f}"
                                                    for j, v in enumerate(matrix[i])) + " |")
     lines += ["", f"Heatmap: `{stem}.png`.", ""]
+    if "replay" in out:
+        r = out["replay"]
+        lines += [f"The worst cross-play pair below {COMPETENT} x the scripted team (agent 1 of seed "
+                  f"{r['agent1_seed']} with agent 2 of seed {r['agent2_seed']}), replayed on its worst test start "
+                  f"state ({r['start_state']}, scored {r['score']:.3f} in the matrix): `{r['file']}` and `.gif`.", ""]
     if out["audit_states"]:
         labels = [p["label"] for p in out["pairs"]]
         count = {"self-play": [labels[i * n + i] for i in range(n)],
@@ -937,7 +965,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--episode", type=plumbing.number(1, 100_000, integer=True), default=None,
                         help="--replay: the K-th test start state instead of the first (replay_testK.txt/gif)")
     parser.add_argument("--cross-play", metavar="SWEEP", help="agent 1 of every seed of a train.py --seeds sweep with "
-                        "agent 2 of every seed, greedy, on the test start states (SWEEP/crossplay.json, .md, .png)")
+                        "agent 2 of every seed, greedy, on the test start states (SWEEP/crossplay.json, .md, .png; "
+                        "crossplay_replay.txt, .gif: the worst failed cross pair's worst episode)")
     parser.add_argument("--last", action="store_true",
                         help="--cross-play: the last adapters instead of the selected checkpoints (crossplay_last.*)")
     parser.add_argument("--partners", metavar="RUN_OR_SWEEP", help="each trained agent (selected checkpoint) with the "

@@ -2021,7 +2021,7 @@ def tiny_sweep(tmp_path_factory) -> str:
     return str(root / "sweep")
 
 
-def test_cross_play_diagonal_is_each_seeds_own_test_score(tiny_sweep):
+def test_cross_play_diagonal_is_each_seeds_own_test_score(tiny_sweep, monkeypatch):
     out = audit.cross_play(tiny_sweep)
     results = [json.load(open(os.path.join(tiny_sweep, f"seed{s}", "result.json"))) for s in (0, 1)]
     assert [out["matrix"][i][i] for i in range(2)] == [r["selected_test_score"] for r in results]
@@ -2036,13 +2036,34 @@ def test_cross_play_diagonal_is_each_seeds_own_test_score(tiny_sweep):
     assert json.load(open(os.path.join(tiny_sweep, "crossplay.json")))["matrix"] == out["matrix"]
     assert open(os.path.join(tiny_sweep, "crossplay.png"), "rb").read(4) == b"\x89PNG"
     # the last adapters: the diagonal is each seed's last test, and its audit is train.py's final audit, whose
-    # intact episodes were those same ones
+    # intact episodes were those same ones; with a bar no pair reaches, the worst cross pair's worst episode is replayed
+    scripted = out["scripted_score"]
+    monkeypatch.setattr(audit, "COMPETENT", 2.0)
     audit.main(["--cross-play", tiny_sweep, "--last"])
     last = json.load(open(os.path.join(tiny_sweep, "crossplay_last.json")))
     assert [last["matrix"][i][i] for i in range(2)] == [r["last_test_score"] for r in results]
+    worst = min((1, 2), key=lambda k: last["pairs"][k]["score"])
+    scores = last["pairs"][worst]["scores"]
+    start = envs.split_seeds(envs.GAMES["forage"](CROSS_LAYOUT), "test", 3)[scores.index(min(scores))]
+    assert last["replay"] == {"agent1_seed": worst // 2, "agent2_seed": worst % 2, "start_state": start,
+                              "score": min(scores), "file": "crossplay_last_replay.txt"}
+    assert f" seed {start}: score " in open(os.path.join(tiny_sweep, "crossplay_last_replay.txt")).readline()
+    assert ("replay" in out) == any(out["matrix"][i][1 - i] < 0.8 * scripted for i in range(2))
     for seed in (0, 1):
         final = json.load(open(os.path.join(tiny_sweep, f"seed{seed}", "audit_final.json")))
         assert last["pairs"][3 * seed]["audit"] == final["summary"]
+
+
+def test_the_replayed_cross_pair_is_the_worst_failed_one_and_its_worst_episode():
+    def pairs(*scores):  # a 3 x 3 sweep's pairs, row by row, each with its episodes' scores
+        return [{"score": float(np.mean(s)), "scores": list(s)} for s in scores]
+
+    low_diagonal = pairs([0, 0], [1, 1], [.5, .5], [1, 1], [0, 0], [.9, .1], [.4, .2], [1, 1], [0, 0])
+    assert audit.worst_cross_episode(low_diagonal, 3, 0.8) == (2, 0, 1)  # the diagonal never counts
+    assert audit.worst_cross_episode(low_diagonal, 3, 0.2) is None
+    tie = pairs([1, 1], [.5, .5], [1, 1], [1, 1], [1, 1], [.5, .5], [1, 1], [1, 1], [1, 1])
+    assert audit.worst_cross_episode(tie, 3, 0.8) == (0, 1, 0)
+    assert audit.worst_cross_episode(tie, 3, 0.5) is None  # reaching the bar is not failing it
 
 
 def adapter_total(tensors) -> float:
