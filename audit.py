@@ -726,12 +726,13 @@ def cross_play(sweep: str, last: bool = False, device: str | None = None) -> dic
     worst = worst_cross_episode(pairs, n, COMPETENT * scripted)
     if worst:  # what a failed cross-play pair does: its worst episode, replayed (txt and gif)
         i, j, episode = worst
-        task = seat(i, j)
-        text = replay(task.new_game(), task.library, [policy_lib.llm_choose(policy, a) for a in policy.agents],
-                      seeds[episode], task.menu_filter, gif=stem + "_replay.gif")
-        plumbing.write_file(stem + "_replay.txt", text + "\n")
+        write_replay(sweep, policy, seat(i, j), seeds[episode], os.path.basename(stem) + "_replay")
         out["replay"] = {"agent1_seed": runs[i]["seed"], "agent2_seed": runs[j]["seed"], "start_state": seeds[episode],
                          "score": pairs[i * n + j]["scores"][episode], "file": os.path.basename(stem) + "_replay.txt"}
+    else:  # no failed pair: an earlier run's replay would contradict this crossplay.json
+        for old in (stem + "_replay.txt", stem + "_replay.gif"):
+            if os.path.exists(old):
+                os.remove(old)
     out["seconds"] = round(time.perf_counter() - t0, 1)
     plumbing.write_json(stem + ".json", out)
     plumbing.write_file(stem + ".md", cross_play_markdown(out, os.path.basename(stem)))

@@ -2049,6 +2049,9 @@ def test_cross_play_diagonal_is_each_seeds_own_test_score(tiny_sweep, monkeypatc
                               "score": min(scores), "file": "crossplay_last_replay.txt"}
     assert f" seed {start}: score " in open(os.path.join(tiny_sweep, "crossplay_last_replay.txt")).readline()
     assert ("replay" in out) == any(out["matrix"][i][1 - i] < 0.8 * scripted for i in range(2))
+    monkeypatch.setattr(audit, "COMPETENT", 0.0)  # no pair fails: an earlier run's replay is not left behind
+    audit.cross_play(tiny_sweep, last=True)
+    assert not any(os.path.exists(os.path.join(tiny_sweep, f"crossplay_last_replay.{e}")) for e in ("txt", "gif"))
     for seed in (0, 1):
         final = json.load(open(os.path.join(tiny_sweep, f"seed{seed}", "audit_final.json")))
         assert last["pairs"][3 * seed]["audit"] == final["summary"]
