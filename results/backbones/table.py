@@ -12,10 +12,8 @@ import json
 import os
 import sys
 
-
-def ci(summary: dict) -> str:
-    low, high = summary["ci95"]
-    return f"{summary['mean']:.3f} [{low:.3f}, {high:.3f}]"
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
+from plumbing import mean_ci as ci  # noqa: E402  (the repository root's)
 
 
 def row(folder: str) -> str:
