@@ -10,37 +10,39 @@ Test: `pytest test_all.py -k planner` (paths are checked against a brute-force s
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Iterable
-
-# action indices as in envs.ACTIONS: 1 north, 2 south, 3 west, 4 east
-MOVES = (1, 2, 3, 4)
+from collections.abc import Callable, Iterable, Iterator
 
 
 def neighbours(cell: int, width: int, height: int) -> list[tuple[int, int]]:
-    """(action, neighbour cell) pairs inside the grid, in the fixed order north, south, west, east."""
+    """(action, neighbour cell) pairs inside the grid, in the fixed order north (1), south (2), west (3), east (4)."""
     r, c = divmod(cell, width)
-    out = []
-    if r > 0:
-        out.append((1, cell - width))
-    if r < height - 1:
-        out.append((2, cell + width))
-    if c > 0:
-        out.append((3, cell - 1))
-    if c < width - 1:
-        out.append((4, cell + 1))
-    return out
+    moves = ((1, cell - width, r > 0), (2, cell + width, r < height - 1), (3, cell - 1, c > 0),
+             (4, cell + 1, c < width - 1))
+    return [(a, n) for a, n, inside in moves if inside]
+
+
+def adjacent_cells(cell: int, width: int, height: int) -> list[int]:
+    """The 4-neighbourhood of a cell inside the grid."""
+    return [n for _, n in neighbours(cell, width, height)]
+
+
+def search(start: int, passable: Callable[[int], bool], width: int, height: int) -> Iterator[tuple[int, int]]:
+    """(cell, parent) for every cell reachable from `start` through passable cells, in BFS discovery order."""
+    seen, queue = {start}, deque([start])
+    while queue:
+        cell = queue.popleft()
+        for _, n in neighbours(cell, width, height):
+            if n not in seen and passable(n):
+                seen.add(n)
+                queue.append(n)
+                yield n, cell
 
 
 def distances(start: int, passable: Callable[[int], bool], width: int, height: int) -> dict[int, int]:
     """BFS step distance from `start` to every cell reachable through passable cells (start included)."""
     dist = {start: 0}
-    queue = deque([start])
-    while queue:
-        cell = queue.popleft()
-        for _, n in neighbours(cell, width, height):
-            if n not in dist and passable(n):
-                dist[n] = dist[cell] + 1
-                queue.append(n)
+    for cell, parent in search(start, passable, width, height):
+        dist[cell] = dist[parent] + 1
     return dist
 
 
@@ -51,20 +53,14 @@ def shortest_path(start: int, targets: Iterable[int], passable: Callable[[int], 
     goal = set(targets)
     if start in goal:
         return []
-    parent = {start: -1}
-    queue = deque([start])
-    while queue:
-        cell = queue.popleft()
-        for _, n in neighbours(cell, width, height):
-            if n in parent or not passable(n):
-                continue
-            parent[n] = cell
-            if n in goal:
-                path = [n]
-                while parent[path[-1]] != start:
-                    path.append(parent[path[-1]])
-                return path[::-1]
-            queue.append(n)
+    parents = {}
+    for cell, parent in search(start, passable, width, height):
+        parents[cell] = parent
+        if cell in goal:
+            path = [cell]
+            while parents[path[-1]] != start:
+                path.append(parents[path[-1]])
+            return path[::-1]
     return None
 
 
@@ -76,12 +72,4 @@ def step_toward(start: int, targets: Iterable[int], passable: Callable[[int], bo
     path = shortest_path(start, targets, lambda c: c not in blocked and passable(c), width, height)
     if path is None:
         return None
-    if not path:
-        return 0
-    first = path[0]
-    return next(a for a, n in neighbours(start, width, height) if n == first)
-
-
-def adjacent_cells(cell: int, width: int, height: int) -> list[int]:
-    """The 4-neighbourhood of a cell inside the grid."""
-    return [n for _, n in neighbours(cell, width, height)]
+    return next(a for a, n in neighbours(start, width, height) if n == path[0]) if path else 0
