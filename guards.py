@@ -10,11 +10,10 @@
    qualifies. A type with fewer than `min_successes` logged successes adopts no guard (thin evidence never
    hides an option).
    Departure (on by default; `rounds=1` turns it off): a random policy over the unfiltered menu rarely reaches
-   the deep states of a long task (in forced_coordination it almost never plates a soup), so plate/serve would
-   stay unjudged. Later rounds therefore choose uniformly over the menu guarded by the previous round's
-   guards, except for a share `explore` of choices that stays uniform over the unfiltered menu, and synthesis
-   reruns, with the same rule, over all rounds' logs: every option is still tried in every kind of state, and
-   no guard that a logged success contradicts is adopted.
+   deep states (in forced_coordination it almost never plates a soup), so later rounds choose uniformly over
+   the menu guarded by the previous round's guards, except for a share `explore` of choices that stays
+   unfiltered, and synthesis reruns over all rounds' logs: every option is still tried in every kind of state,
+   and no guard that a logged success contradicts is adopted.
 3. The guarded menu of an agent: the grounded options whose guards all hold; `wait` stays if every other
    option is filtered out, so a menu is never empty.
 
@@ -29,13 +28,14 @@ import inspect
 import json
 import os
 import sys
+import time
 from dataclasses import asdict, dataclass
 
 import numpy as np
 
 import envs
 from envs import Game
-from options import Library, Option, random_choice, run_episode
+from options import Library, Option, make_library, run_episode
 import plumbing
 
 FORMAT = "pamagrpo-guards/1"
@@ -64,8 +64,7 @@ class Record:
 
 
 def holds(literal: tuple[str, bool], facts: dict) -> bool:
-    fact, value = literal
-    return facts.get(fact, False) == value
+    return facts.get(literal[0], False) == literal[1]
 
 
 def literal_text(literal: tuple[str, bool]) -> str:
@@ -78,19 +77,15 @@ def burn_in(game: Game, library: Library, episodes: int, seed: int, guards: Guar
     rounds), over the guarded menu except with probability `explore`, so a wrong guard can still be refuted."""
     rng = np.random.default_rng(seed)
 
-    def choose(runner, agent, menu):
+    def choose(runner, agent, menu):  # without guards: uniform, one draw per choice (options.random_choice)
         if guards is not None and rng.random() >= explore:
             menu = guards.menu_filter(runner.game, agent, menu)
         return menu[int(rng.integers(len(menu)))]
 
-    records = []
     # training start states only: validation and test states stay unseen by everything a run learns from
-    for start in envs.split_seeds(game, "train", episodes, seed, distinct=False):
-        episode = run_episode(game, library, random_choice(rng) if guards is None else choose, start,
-                              record_facts=True)
-        records += [Record(x.option.kind, x.option.args, x.facts, x.success)
-                    for x in episode.executions if x.success is not None]
-    return records
+    starts = envs.split_seeds(game, "train", episodes, seed, distinct=False)
+    return [Record(x.option.kind, x.option.args, x.facts, x.success) for start in starts
+            for x in run_episode(game, library, choose, start, record_facts=True).executions if x.success is not None]
 
 
 def synthesize_kind(records: list[Record], k: int, min_successes: int) -> dict:
@@ -121,10 +116,6 @@ def synthesize_kind(records: list[Record], k: int, min_successes: int) -> dict:
     return entry
 
 
-def synthesize(records: list[Record], kinds: tuple[str, ...], k: int, min_successes: int) -> dict[str, dict]:
-    return {kind: synthesize_kind([r for r in records if r.kind == kind], k, min_successes) for kind in kinds}
-
-
 def layout_fingerprint(game: Game) -> str:
     text = "\n".join(game.rows) + "\n" + json.dumps(game.options, sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
@@ -139,8 +130,7 @@ class Guards:
                          for kind, entry in data["options"].items()}
 
     def allows(self, game: Game, agent: int, option: Option) -> bool:
-        literals = self.literals.get(option.kind)
-        if not literals:
+        if not (literals := self.literals.get(option.kind)):
             return True
         facts = self.library.facts(game, agent, option)
         return all(holds(lit, facts) for lit in literals)
@@ -164,13 +154,14 @@ def build_guards(game: Game, library: Library, settings: BurnInSettings) -> Guar
     """Burn-in rounds, then synthesis over the union of all logged executions."""
     records: list[Record] = []
     guards = None
-    for r in range(settings.rounds):
-        records += burn_in(game, library, settings.episodes, settings.seed + r * settings.episodes, guards,
+    for i in range(settings.rounds):
+        records += burn_in(game, library, settings.episodes, settings.seed + i * settings.episodes, guards,
                            settings.explore)
-        data = {"format": FORMAT, "game": game.name, "layout": game.layout_name, "layout_fingerprint":
-                layout_fingerprint(game), "settings": asdict(settings), "records": len(records),
-                "options": synthesize(records, library.kinds, settings.k, settings.min_successes)}
-        guards = Guards(data, library)
+        synthesized = {kind: synthesize_kind([x for x in records if x.kind == kind], settings.k,
+                                             settings.min_successes) for kind in library.kinds}
+        guards = Guards({"format": FORMAT, "game": game.name, "layout": game.layout_name, "layout_fingerprint":
+                         layout_fingerprint(game), "settings": asdict(settings), "records": len(records),
+                         "options": synthesized}, library)
     return guards
 
 
@@ -247,8 +238,7 @@ def report(guards: Guards, before: dict, after: dict) -> str:
     d = guards.data
     s = d["settings"]
     lines = [f"Guards for {d['game']}/{d['layout']} (burn-in: {s['rounds']} x {s['episodes']} random episodes, "
-             f"seed {s['seed']}, "
-             f"k={s['k']}, min successes {s['min_successes']}; {d['records']} executions logged)"]
+             f"seed {s['seed']}, k={s['k']}, min successes {s['min_successes']}; {d['records']} executions logged)"]
     for kind, entry in d["options"].items():
         rule = " and ".join(g["literal"] for g in entry["guards"]) or "-"
         lines.append(f"  {kind:<11} requires {rule:<60} ({entry['successes']} ok, {entry['failures']} failed, "
@@ -259,10 +249,6 @@ def report(guards: Guards, before: dict, after: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    import time
-
-    import options
-
     parser = plumbing.ArgumentParser(description="Synthesize and report guards for one game and layout.")
     parser.add_argument("--game", default="coop_push", choices=list(envs.GAMES))
     parser.add_argument("--layout", default=None, help="a built-in layout name or a layout file")
@@ -274,7 +260,7 @@ def main(argv: list[str] | None = None) -> None:
     if cli.out:
         plumbing.check_output_file(cli.out, "--out")
     game = envs.make_game(cli.game, cli.layout, cli.seed)
-    library = options.make_library(game)
+    library = make_library(game)
     start = time.perf_counter()
     guards = build_guards(game, library, BurnInSettings(episodes=cli.episodes, seed=cli.seed))
     took = time.perf_counter() - start

@@ -11,12 +11,10 @@ an agent's option terminates only that agent chooses again while the others keep
 execution (agent, option, start step, duration, outcome, reason) and every attributed event.
 `PrimitiveLibrary` turns the primitive actions into one-step options for the same runner and policy.
 
-Reference teams: `scripted_choice` (a cooperative heuristic; `solo=True`: one agent works, the others wait)
-and `random_choice` (uniform over the menu). Held-out partners (`variant_choice`, `Library.variants`): a few
-scripted teammates per game with other conventions (kitchen: an onion-only, a dish-only and a lone cook; forage:
-nearest-food and highest-level-first loaders; coop_push: heavy-box-first and small-boxes-first pushers), built
-from the same heuristics and written before any trained agent played with them (audit.py --partners).
-Run `python options.py --game forage --show`.
+Reference teams: `scripted_choice` (a cooperative heuristic; `solo=True`: one agent works, the others wait),
+`random_choice` (uniform over the menu) and the held-out partners (`variant_choice`, `Library.variants`):
+scripted teammates with other conventions, written before any trained agent played with them (audit.py
+--partners). Run `python options.py --game forage --show`.
 """
 
 from __future__ import annotations
@@ -58,6 +56,7 @@ class Library:
 
     kinds: tuple[str, ...] = ()
     feedback: bool = False  # observation() names the agent's last option when it failed (make_library)
+    variants: dict[str, str] = {}  # held-out scripted partners: name -> what it does (scripted_variant)
 
     def ground(self, game: Game, agent: int) -> list[Option]:
         raise NotImplementedError
@@ -79,14 +78,11 @@ class Library:
         return option.text
 
     def arrived(self, game: Game, agent: int, option: Option) -> bool:
-        """True when the option's goal already holds where the agent stands (a goto next to its target): it would
-        report success after standing still, a wait that looks like progress (drop_arrived)."""
+        """True for a goto already next to its target: it would report success standing still (drop_arrived)."""
         return False
 
     def scripted(self, game: Game, runner: Runner, agent: int, menu: list[Option], solo: bool) -> Option:
         raise NotImplementedError
-
-    variants: dict[str, str] = {}  # held-out scripted partners: name -> what it does (scripted_variant)
 
     def scripted_variant(self, game: Game, runner: Runner, agent: int, menu: list[Option], name: str) -> Option:
         """The option of the held-out scripted partner `name` (one of `variants`), in either seat."""
@@ -107,12 +103,10 @@ class Library:
         pos, others = game.pos[agent], partner_cells(game, agent)
         if not any(game.manhattan(pos, p) == 1 for p in others):
             return 0
-        best, far = 0, min(game.manhattan(pos, p) for p in others)
-        for a, n in neighbours(pos, game.width, game.height):
-            d = min(game.manhattan(n, p) for p in others)
-            if passable(n) and n not in others and d > far:
-                best, far = a, d
-        return best
+        away = [(min(game.manhattan(n, p) for p in others), a) for a, n in neighbours(pos, game.width, game.height)
+                if passable(n) and n not in others]
+        far, action = max(away, key=lambda x: x[0], default=(0, 0))  # the first of the farthest
+        return action if far > 1 else 0
 
     @staticmethod
     def waited(memory: dict) -> tuple | None:
@@ -122,10 +116,8 @@ class Library:
     @staticmethod
     def pick(menu: list[Option], kind: str, *args) -> Option:
         """The menu entry (kind, args), or wait if it is not on the menu."""
-        for o in menu:
-            if o.kind == kind and o.args == tuple(args):
-                return o
-        return next((o for o in menu if o.kind == "wait"), menu[-1])
+        fallback = next((o for o in menu if o.kind == "wait"), menu[-1])
+        return next((o for o in menu if o.kind == kind and o.args == args), fallback)
 
     @staticmethod
     def mine(events: list, kind: str, agent: int, obj=None) -> bool:
@@ -136,18 +128,23 @@ def partner_cells(game: Game, agent: int) -> list[int]:
     return [p for j, p in enumerate(game.pos) if j != agent]
 
 
-def steps_words(steps: int) -> str:
-    return "here" if steps == 0 else f"{steps} step" + ("" if steps == 1 else "s")
+def with_steps(text: str, reach: dict[int, int], targets) -> str:
+    """A menu text with the steps to the nearest of `targets` in `reach`: 'goto box 2 (3 steps)'."""
+    steps = min((reach[c] for c in targets if c in reach), default=None)
+    words = "here" if steps == 0 else f"{steps} step" + ("" if steps == 1 else "s")
+    return text if steps is None else f"{text} ({words})"
 
 
-def navigate(game: Game, agent: int, targets: list[int], passable, memory: dict) -> int | None:
-    """Next action toward the nearest target, going around the partner, or through it if only the partner
-    blocks the way (it may move). None: no target is reachable at all.
+def navigate(game: Game, agent: int, targets: list[int], passable, memory: dict) -> int:
+    """Next action toward the nearest passable target, going around the partner, or through it if only the
+    partner blocks the way (it may move). Stay (0), with memory['stuck'] set, when none is reachable at all.
 
     Deterministic planners can block each other for good, so every agent but the lowest-indexed gives way:
     after a failed move it stays one step (two agents entering one cell), and after a second it steps aside
     to a free neighbour (two agents in a corridor, each where the other must go: no waiting resolves it)."""
     pos, others = game.pos[agent], partner_cells(game, agent)
+    targets = [c for c in targets if passable(c)]
+    memory["stuck"] = False
     failed = memory.get("last_move") == pos
     if failed:
         memory["fails"] = memory.get("fails", 0) + 1
@@ -170,7 +167,8 @@ def navigate(game: Game, agent: int, targets: list[int], passable, memory: dict)
     if action:
         memory["last_move"] = pos
         memory["entering"] = next(n for a, n in neighbours(pos, game.width, game.height) if a == action)
-    return action
+    memory["stuck"] = action is None
+    return action or 0
 
 
 # ----------------------------------------------------------------------------- coop_push
@@ -179,6 +177,10 @@ class PushOptions(Library):
     box moves one cell. push_heavy(b, d): the same for the heavy box, waiting there for the partner. wait()."""
 
     kinds = ("goto_box", "push", "push_heavy", "wait")
+    variants = {"heavy_first": "pushes the heavy box north until it is delivered, then the small boxes in index "
+                               "order (box 1 first), skipping one its partner pushes",
+                "small_first": "pushes the small boxes first (the nearest one its partner does not push), and the "
+                               "heavy box only when no small box is left for it"}
 
     def free(self, game, cell: int) -> bool:
         return not game.wall[cell] and cell not in game.box_at
@@ -192,13 +194,9 @@ class PushOptions(Library):
             menu += [Option(kind, (k, d), f"push {word} {k + 1} {d}", 15) for d in DIRECTIONS]
         return menu + [self.wait()]
 
-    def behind(self, game, k: int, d: str) -> list[int]:
-        """Cells an agent must stand on to push box k in direction d."""
-        step = game.delta[DIRECTIONS.index(d) + 1]
-        return [c - step for c in game.boxes[k] if c - step not in game.boxes[k]]
-
-    def beyond(self, game, k: int, d: str) -> list[int]:
-        step = game.delta[DIRECTIONS.index(d) + 1]
+    def side(self, game, k: int, d: str, sign: int) -> list[int]:
+        """Cells next to box k toward d (sign 1: where it moves) or away from d (-1: where its pushers stand)."""
+        step = sign * game.delta[DIRECTIONS.index(d) + 1]
         return [c + step for c in game.boxes[k] if c + step not in game.boxes[k]]
 
     def act(self, game, agent, option, memory):
@@ -211,16 +209,14 @@ class PushOptions(Library):
             targets = [c for box_cell in game.boxes[k] for c in adjacent_cells(box_cell, game.width, game.height)]
         else:
             d = option.args[1]
-            if any(game.wall[c] or (c in game.box_at and game.box_at[c] != k) for c in self.beyond(game, k, d)):
+            if any(not self.free(game, c) for c in self.side(game, k, d, 1)):
                 memory["blocked"] = True  # a wall or another box is in the way: fail at once
                 return 0
-            if pos in self.behind(game, k, d):
+            targets = self.side(game, k, d, -1)
+            if pos in targets:
                 memory["pushed"] = game.boxes[k]  # where the box was when we pushed
                 return DIRECTIONS.index(d) + 1
-            targets = self.behind(game, k, d)
-        action = navigate(game, agent, [c for c in targets if self.free(game, c)], lambda c: self.free(game, c), memory)
-        memory["stuck"] = action is None
-        return action or 0
+        return navigate(game, agent, targets, lambda c: self.free(game, c), memory)
 
     def outcome(self, game, agent, option, memory, events):
         if option.kind == "wait":
@@ -233,14 +229,14 @@ class PushOptions(Library):
             return False, "box already delivered"
         if memory.pop("blocked", False):
             return False, "box is blocked"
-        if option.kind == "goto_box" and any(game.manhattan(game.pos[agent], c) == 1 for c in game.boxes[k]):
+        if self.arrived(game, agent, option):
             return True, "next to the box"
         if memory.get("stuck"):
             return False, "no path"
-        if pushed is not None:
-            # a small box that did not move is blocked; a heavy box may still be waiting for the partner
-            if not game.box_heavy[k] or any(not self.free(game, c) for c in self.beyond(game, k, option.args[1])):
-                return False, "box did not move"
+        # a small box that did not move is blocked; a heavy box may still be waiting for the partner
+        if pushed is not None and (not game.box_heavy[k] or
+                                   any(not self.free(game, c) for c in self.side(game, k, option.args[1], 1))):
+            return False, "box did not move"
         return None
 
     def facts(self, game, agent, option):
@@ -257,13 +253,11 @@ class PushOptions(Library):
                       "arg0.reachable_by_self": any(c in reach for c in around)})
         if len(option.args) > 1:
             d = option.args[1]
-            behind = self.behind(game, k, d)
-            before = game.box_distance(k)
-            f.update({f"arg1.{w}": d == w for w in DIRECTIONS})
-            f.update({"arg0.beyond_arg1_free": all(not game.wall[c] and c not in game.box_at or c in cells
-                                                   for c in self.beyond(game, k, d)),
+            behind = self.side(game, k, d, -1)
+            f.update({**{f"arg1.{w}": d == w for w in DIRECTIONS},
+                      "arg0.beyond_arg1_free": all(self.free(game, c) for c in self.side(game, k, d, 1)),
                       "arg0.arg1_toward_goal": min(game.goal_dist[c + game.delta[DIRECTIONS.index(d) + 1]]
-                                                   for c in cells) < before,
+                                                   for c in cells) < game.box_distance(k),
                       "arg0.behind_arg1_reachable_by_self": any(c in reach for c in behind),
                       "arg0.self_behind_arg1": me in behind,
                       "arg0.partner_behind_arg1": any(p in behind for p in others)})
@@ -277,52 +271,40 @@ class PushOptions(Library):
         if option.kind == "wait" or game.delivered[option.args[0]]:
             return option.text
         k = option.args[0]
-        targets = self.behind(game, k, option.args[1]) if option.kind != "goto_box" else \
+        targets = self.side(game, k, option.args[1], -1) if option.kind != "goto_box" else \
             [c for b in game.boxes[k] for c in adjacent_cells(b, game.width, game.height)]
         reach = distances(game.pos[agent], lambda c: self.free(game, c), game.width, game.height)
-        steps = min((reach[c] for c in targets if c in reach), default=None)
-        return option.text if steps is None else f"{option.text} ({steps_words(steps)})"
+        return with_steps(option.text, reach, targets)
 
     def scripted(self, game, runner, agent, menu, solo):
         """Heavy box first (both agents push it north), then the small boxes, split between the agents."""
         if solo and agent != 0:
             return self.pick(menu, "wait")
+        return self.pusher(game, runner, agent, menu, solo, heavy_first=not solo)
+
+    def pusher(self, game, runner, agent: int, menu: list[Option], solo: bool, heavy_first: bool,
+               nearest: bool = True) -> Option:
+        """The heavy box north if heavy_first, else a small box: one nobody else is pushing, preferably with no
+        agent on its pushing spot or path, the nearest (nearest=False: the lowest index); with no small box left
+        for it, the heavy box (solo: wait)."""
         left = [k for k in range(len(game.boxes)) if not game.delivered[k]]
         heavy = [k for k in left if game.box_heavy[k]]
-        if heavy and not solo:
+        if heavy and heavy_first:
             return self.pick(menu, "push_heavy", heavy[0], "north")
-        k = self.small_box(game, runner, agent, [k for k in left if not game.box_heavy[k]], solo)
-        return self.pick(menu, "wait") if k is None else self.pick(menu, "push", k, "north")
-
-    def small_box(self, game, runner, agent: int, small: list[int], solo: bool, nearest: bool = True) -> int | None:
-        """The small box the scripted pusher takes next: one nobody else is pushing, preferably with no agent on
-        its pushing spot or path, the nearest (nearest=False: the lowest index); None: none for it now."""
+        small = [k for k in left if not game.box_heavy[k]]
         taken = {o.args[0] for j, o in enumerate(runner.current) if j != agent and o is not None and o.args}
         free = [k for k in small if k not in taken] or ([] if len(small) == 1 and not solo else small)
         others = partner_cells(game, agent)
         free = [k for k in free if game.boxes[k][0] + game.width not in others and
                 game.boxes[k][0] - game.width not in others] or free  # prefer no agent on its pushing spot/path
-        if not free:
-            return None
-        # the nearest box nobody else is pushing (agents decide in index order, so they split the boxes)
-        return min(free, key=lambda k: (game.manhattan(game.pos[agent], game.boxes[k][0] + game.width) if nearest
-                                        else 0, k))
-
-    variants = {"heavy_first": "pushes the heavy box north until it is delivered, then the small boxes in index "
-                               "order (box 1 first), skipping one its partner pushes",
-                "small_first": "pushes the small boxes first (the nearest one its partner does not push), and the "
-                               "heavy box only when no small box is left for it"}
+        if free:  # agents decide in index order, so they split the boxes
+            k = min(free, key=lambda k: (game.manhattan(game.pos[agent], game.boxes[k][0] + game.width) if nearest
+                                         else 0, k))
+            return self.pick(menu, "push", k, "north")
+        return self.pick(menu, "push_heavy", heavy[0], "north") if heavy and not solo else self.pick(menu, "wait")
 
     def scripted_variant(self, game, runner, agent, menu, name):
-        left = [k for k in range(len(game.boxes)) if not game.delivered[k]]
-        heavy = [k for k in left if game.box_heavy[k]]
-        if heavy and name == "heavy_first":
-            return self.pick(menu, "push_heavy", heavy[0], "north")
-        k = self.small_box(game, runner, agent, [k for k in left if not game.box_heavy[k]], False,
-                           nearest=name == "small_first")
-        if k is not None:
-            return self.pick(menu, "push", k, "north")
-        return self.pick(menu, "push_heavy", heavy[0], "north") if heavy else self.pick(menu, "wait")
+        return self.pusher(game, runner, agent, menu, False, name == "heavy_first", nearest=name == "small_first")
 
 
 # ----------------------------------------------------------------------------- forage
@@ -330,6 +312,10 @@ class ForageOptions(Library):
     """goto_food(f): walk next to food f. load(f): walk next to f and load until it is collected. wait()."""
 
     kinds = ("goto_food", "load", "wait")
+    variants = {"nearest_food": "loads the nearest food left; after a load of its own failed, it joins the food its "
+                                "partner goes for",
+                "highest_level": "loads the highest-level food left first (the nearest of equal levels); after a "
+                                 "load of its own failed, it joins the food its partner goes for"}
 
     def free(self, game, cell: int) -> bool:
         return not game.wall[cell] and cell not in game.food_at
@@ -350,10 +336,7 @@ class ForageOptions(Library):
         pos, food = game.pos[agent], game.food[k]
         if pos in game.neighbours[food]:
             return 5 if option.kind == "load" else 0
-        targets = [c for c in game.neighbours[food] if self.free(game, c)]
-        action = navigate(game, agent, targets, lambda c: self.free(game, c), memory)
-        memory["stuck"] = action is None
-        return action or 0
+        return navigate(game, agent, game.neighbours[food], lambda c: self.free(game, c), memory)
 
     def outcome(self, game, agent, option, memory, events):
         if option.kind == "wait":
@@ -363,7 +346,7 @@ class ForageOptions(Library):
             return True, "food collected"
         if game.collected[k]:
             return False, "food already collected"
-        if option.kind == "goto_food" and game.pos[agent] in game.neighbours[game.food[k]]:
+        if self.arrived(game, agent, option):
             return True, "next to the food"
         if memory.get("stuck"):
             return False, "no path"
@@ -371,7 +354,6 @@ class ForageOptions(Library):
 
     def facts(self, game, agent, option):
         me, others = game.pos[agent], partner_cells(game, agent)
-        team = sum(game.agent_levels)
         f = {"self.next_to_food": any(n in game.food_at for n in game.neighbours[me]),
              "self.next_to_partner": any(p in game.neighbours[me] for p in others)}
         if option.args:
@@ -380,7 +362,7 @@ class ForageOptions(Library):
             reach = distances(me, lambda c: self.free(game, c) and c not in others, game.width, game.height)
             f.update({"arg0.collected": game.collected[k],
                       "arg0.level_at_most_self": game.food_levels[k] <= game.agent_levels[agent],
-                      "arg0.level_at_most_team": game.food_levels[k] <= team,
+                      "arg0.level_at_most_team": game.food_levels[k] <= sum(game.agent_levels),
                       "arg0.next_to_self": me in game.neighbours[food],
                       "arg0.next_to_partner": any(p in game.neighbours[food] for p in others),
                       "arg0.reachable_by_self": any(c in reach for c in game.neighbours[food])})
@@ -395,8 +377,7 @@ class ForageOptions(Library):
             return option.text
         others = partner_cells(game, agent)
         reach = distances(game.pos[agent], lambda c: self.free(game, c) and c not in others, game.width, game.height)
-        steps = min((reach[c] for c in game.neighbours[game.food[option.args[0]]] if c in reach), default=None)
-        return option.text if steps is None else f"{option.text} ({steps_words(steps)})"
+        return with_steps(option.text, reach, game.neighbours[game.food[option.args[0]]])
 
     def scripted(self, game, runner, agent, menu, solo):
         """Cooperative: every agent loads the same food (the first one left), so any level sum suffices.
@@ -410,11 +391,6 @@ class ForageOptions(Library):
             return self.pick(menu, "load", min(lift, key=lambda k: (game.manhattan(game.pos[agent], game.food[k]), k)))
         return self.pick(menu, "load", left[0]) if left else self.pick(menu, "wait")
 
-    variants = {"nearest_food": "loads the nearest food left; after a load of its own failed, it joins the food its "
-                                "partner goes for",
-                "highest_level": "loads the highest-level food left first (the nearest of equal levels); after a "
-                                 "load of its own failed, it joins the food its partner goes for"}
-
     def scripted_variant(self, game, runner, agent, menu, name):
         left = [k for k in range(len(game.food)) if not game.collected[k]]
         if not left:
@@ -426,10 +402,9 @@ class ForageOptions(Library):
                   and run.option.kind in ("goto_food", "load") and not game.collected[run.option.args[0]]]
         if mine is not None and mine.option.kind == "load" and mine.success is False and theirs:
             return self.pick(menu, "load", theirs[0])
-        distance = {k: game.manhattan(game.pos[agent], game.food[k]) for k in left}
-        if name == "highest_level":
-            return self.pick(menu, "load", min(left, key=lambda k: (-game.food_levels[k], distance[k], k)))
-        return self.pick(menu, "load", min(left, key=lambda k: (distance[k], k)))
+        level_first = name == "highest_level"
+        return self.pick(menu, "load", min(left, key=lambda k: (-game.food_levels[k] if level_first else 0,
+                                                                game.manhattan(game.pos[agent], game.food[k]), k)))
 
 
 # ----------------------------------------------------------------------------- kitchen
@@ -440,6 +415,14 @@ class KitchenOptions(Library):
     fail at once, where the agent stands, when the state says they cannot act (`refusal`)."""
 
     kinds = ("fetch_onion", "fetch_dish", "put_onion", "plate_soup", "serve", "place", "take", "wait")
+    SUCCESS = {"put_onion": "onion_in_pot", "plate_soup": "soup_plated", "serve": "soup_served",
+               "place": "counter_place", "take": "counter_take"}
+    variants = {"onion_cook": "fetches onions and puts them in pots (over a counter where it cannot reach a pot), "
+                              "never dishes or soup",
+                "dish_cook": "fetches dishes, plates soup and serves it (dishes over a counter where it cannot "
+                             "reach a pot), never onions",
+                "lone_cook": "the scripted cook as if it were alone: it fetches every onion and dish itself, "
+                             "whatever its partner is fetching"}
 
     def ground(self, game, agent):
         menu = [Option("fetch_onion", (), "fetch an onion", 20), Option("fetch_dish", (), "fetch a dish", 20)]
@@ -454,25 +437,25 @@ class KitchenOptions(Library):
         avoid = set(partner_cells(game, agent)) if others else set()
         return distances(game.pos[agent], lambda c: game.floor[c] and c not in avoid, game.width, game.height)
 
+    def reachable(self, game, agent: int):
+        """A test of cells: can the agent get next to one of them (walking through its partner)?"""
+        reach = self.reach(game, agent, others=False)
+        return lambda cells: any(n in reach for c in cells for n in adjacent_cells(c, game.width, game.height))
+
     def stations(self, game, agent: int, option: Option) -> list[int]:
         """Candidate cells to interact with, nearest first."""
-        if option.kind == "fetch_onion":
-            cells = game.onion_dispensers
-        elif option.kind == "fetch_dish":
-            cells = game.dish_dispensers
+        fixed = {"fetch_onion": game.onion_dispensers, "fetch_dish": game.dish_dispensers, "serve": game.windows}
+        if option.kind in fixed:
+            cells = fixed[option.kind]
         elif option.kind in ("put_onion", "plate_soup"):
             cells = [game.pots[option.args[0]]]
-        elif option.kind == "serve":
-            cells = game.windows
         elif option.kind == "take":
             cells = [c for c, (item, _) in game.on_counter.items() if item == option.args[0]]
         else:  # place: free counters, those the partner can also reach first (a hand-off spot)
             cells = [c for c in game.counters if c not in game.on_counter]
-            mine = self.reach(game, agent, others=False)
-            theirs = set().union(*(self.reach(game, j, others=False) for j in range(game.n_agents) if j != agent))
-            around = {c: adjacent_cells(c, game.width, game.height) for c in cells}
-            shared = [c for c in cells if any(n in mine for n in around[c]) and any(n in theirs for n in around[c])]
-            cells = shared or cells
+            mine = self.reachable(game, agent)
+            theirs = [self.reachable(game, j) for j in range(game.n_agents) if j != agent]
+            cells = [c for c in cells if mine([c]) and any(reachable([c]) for reachable in theirs)] or cells
         # nearest first, going around the partner; stations only reachable through the partner come last
         found = []
         for reach in (self.reach(game, agent), self.reach(game, agent, others=False)):
@@ -484,17 +467,16 @@ class KitchenOptions(Library):
     def act(self, game, agent, option, memory):
         if option.kind == "wait":
             return self.wait_action(game, agent, lambda c: game.floor[c])
-        refusal = self.refusal(game, agent, option)
-        if refusal:
+        if refusal := self.refusal(game, agent, option):
             memory["refused"] = refusal
             return 0
         targets = self.stations(game, agent, option)
         if not targets:
             memory["stuck"] = True
             return 0
-        if memory.get("station") in targets:  # keep heading for the station chosen first: re-choosing the
-            targets.remove(memory["station"])  # nearest each step can turn back and forth forever when a
-            targets.insert(0, memory["station"])  # partner steps aside in the same direction (a mirrored dance)
+        # keep heading for the station chosen first: re-choosing the nearest each step can turn back and forth
+        # forever when a partner steps aside in the same direction (a mirrored dance)
+        targets.sort(key=lambda c: c != memory.get("station"))
         memory["station"] = targets[0]
         pos = game.pos[agent]
         for station in targets:
@@ -504,20 +486,15 @@ class KitchenOptions(Library):
                     return face  # turns without moving: the faced cell is not floor
                 memory["interacted"] = True
                 return 5
-        spots = [n for n in adjacent_cells(targets[0], game.width, game.height) if game.floor[n]]
-        action = navigate(game, agent, spots, lambda c: game.floor[c], memory)
-        memory["stuck"] = action is None
-        return action or 0
+        return navigate(game, agent, adjacent_cells(targets[0], game.width, game.height), lambda c: game.floor[c],
+                        memory)
 
     @staticmethod
     def refusal(game, agent: int, option: Option) -> str | None:
-        """Why the option cannot act from this state (it then fails at once), or None.
-
-        Walking first would be worse: a fetch with full hands would "succeed" with the item held all along, and
-        a plate at an unfilled pot or a put at a full one would block the tile next to the pot (often the only
-        one) and sometimes succeed as the partner changes the pot, so no guard could hide either. Refused at
-        once, they fail exactly when the state says so, and burn-in learns guards such as "fetch needs empty
-        hands" and "plate needs a full pot"."""
+        """Why the option cannot act from this state (it then fails at once), or None. Walking first, a fetch
+        with full hands would "succeed" with the item held all along, and a put or plate would block the tile by
+        the pot and sometimes succeed as the partner changes it: no guard could hide them. Refused at once, they
+        fail exactly when the state says so, and burn-in learns guards ("plate needs a full pot")."""
         kind = option.kind
         if kind in ("fetch_onion", "fetch_dish") and game.held[agent] is not None:
             return "hands are full"
@@ -526,9 +503,6 @@ class KitchenOptions(Library):
         if kind == "plate_soup" and game.pot_onions[option.args[0]] < 3:
             return "no soup in the pot"
         return None
-
-    SUCCESS = {"put_onion": "onion_in_pot", "plate_soup": "soup_plated", "serve": "soup_served",
-               "place": "counter_place", "take": "counter_take"}
 
     def outcome(self, game, agent, option, memory, events):
         kind = option.kind
@@ -551,11 +525,7 @@ class KitchenOptions(Library):
         return None
 
     def facts(self, game, agent, option):
-        reach = self.reach(game, agent, others=False)
-
-        def reachable(cells) -> bool:
-            return any(n in reach for c in cells for n in adjacent_cells(c, game.width, game.height))
-
+        reachable = self.reachable(game, agent)
         held = game.held[agent]
         partner = [j for j in range(game.n_agents) if j != agent]
         f = {"self.empty_handed": held is None, **{f"self.holding_{i}": held == i for i in game.ITEMS},
@@ -586,8 +556,7 @@ class KitchenOptions(Library):
         if not targets:
             return option.text
         reach = self.reach(game, agent, others=False)
-        steps = min(reach[n] for n in adjacent_cells(targets[0], game.width, game.height) if n in reach)
-        return f"{option.text} ({steps_words(steps)})"
+        return with_steps(option.text, reach, adjacent_cells(targets[0], game.width, game.height))
 
     def scripted(self, game, runner, agent, menu, solo):
         """Cook, plate and serve; an agent that cannot reach a pot (forced_coordination) fetches onions and
@@ -596,13 +565,6 @@ class KitchenOptions(Library):
             return self.pick(menu, "wait")
         others = [j for j in range(game.n_agents) if j != agent and not solo]
         return self.cook(game, runner, agent, menu, others, ("onion", "dish"))
-
-    variants = {"onion_cook": "fetches onions and puts them in pots (over a counter where it cannot reach a pot), "
-                              "never dishes or soup",
-                "dish_cook": "fetches dishes, plates soup and serves it (dishes over a counter where it cannot "
-                             "reach a pot), never onions",
-                "lone_cook": "the scripted cook as if it were alone: it fetches every onion and dish itself, "
-                             "whatever its partner is fetching"}
 
     def scripted_variant(self, game, runner, agent, menu, name):
         if name == "lone_cook":
@@ -614,50 +576,40 @@ class KitchenOptions(Library):
         """The scripted cook's next option, counting on the items that `others` (agents) hold or fetch, and taking
         up only the steps of `roles`: 'onion' (fetch, take and put onions), 'dish' (fetch and take dishes, plate
         and serve soup). An item already in hand is always taken where it goes."""
-        reach = self.reach(game, agent, others=False)
+        can = self.reachable(game, agent)
+        counter = [item for item, _ in game.on_counter.values()]
+        doing = [None if o is None else (o.kind, o.args) for o in runner.current]
 
-        def can(cells) -> bool:
-            return any(n in reach for c in cells for n in adjacent_cells(c, game.width, game.height))
-
-        def busy_with(kinds) -> int:  # items other agents hold or are fetching
-            count = 0
-            fetching = [(f"fetch_{k}", ()) for k in kinds] + [("take", (k,)) for k in kinds]
-            for j in others:
-                opt = runner.current[j]
-                count += game.held[j] in kinds or (opt is not None and (opt.kind, opt.args) in fetching)
-            return count + sum(item in kinds for item, _ in game.on_counter.values())
+        def busy_with(item: str) -> int:  # items on counters, or that other agents hold or are fetching
+            fetching = ((f"fetch_{item}", ()), ("take", (item,)))
+            return counter.count(item) + sum(game.held[j] == item or doing[j] in fetching for j in others)
 
         pots = [k for k in range(len(game.pots)) if can([game.pots[k]])]
-        soups = sum(game.pot_onions[k] == 3 for k in range(len(game.pots))) + sum(h == "soup" for h in game.held)
-        onions_needed = 0
-        if game.served + soups < game.orders:
-            open_pots = sorted((k for k in range(len(game.pots)) if game.pot_onions[k] < 3),
-                               key=lambda k: -game.pot_onions[k])
-            onions_needed = 3 - game.pot_onions[open_pots[0]] if open_pots else 0
-        dish_needed = any(game.pot_onions[k] == 3 for k in range(len(game.pots))) and \
-            not any(h in ("dish", "soup") for h in game.held) and busy_with({"dish"}) == 0
+        soups = game.pot_onions.count(3) + game.held.count("soup")
+        fullest = max((n for n in game.pot_onions if n < 3), default=3)  # onions in the fullest open pot
+        onions_needed = 3 - fullest if game.served + soups < game.orders else 0
+        dish_needed = 3 in game.pot_onions and "dish" not in game.held and "soup" not in game.held and \
+            busy_with("dish") == 0
         held = game.held[agent]
         if held == "soup":
-            return self.pick(menu, "serve") if can(game.windows) else self.pick(menu, "place")
+            return self.pick(menu, "serve" if can(game.windows) else "place")
         if held == "dish":
             full = sorted((k for k in pots if game.pot_onions[k] == 3), key=lambda k: game.pot_timer[k])
             return self.pick(menu, "plate_soup", full[0]) if full else self.pick(menu, "place" if not pots else "wait")
         if held == "onion":
             open_pots = sorted((k for k in pots if game.pot_onions[k] < 3), key=lambda k: (-game.pot_onions[k], k))
             return self.pick(menu, "put_onion", open_pots[0]) if open_pots else self.pick(menu, "place")
-        if "dish" in roles and any(item == "soup" for item, _ in game.on_counter.values()) and can(game.windows):
-            return self.pick(menu, "take", "soup")
-        if "dish" in roles and (dish_needed or (pots and any(game.pot_onions[k] == 3 for k in pots) and
-                                                any(item == "dish" for item, _ in game.on_counter.values()))):
-            if pots and any(item == "dish" for item, _ in game.on_counter.values()):
+        if "dish" in roles:
+            if "soup" in counter and can(game.windows):
+                return self.pick(menu, "take", "soup")
+            if pots and "dish" in counter and (dish_needed or any(game.pot_onions[k] == 3 for k in pots)):
                 return self.pick(menu, "take", "dish")
             if dish_needed and can(game.dish_dispensers):
                 return self.pick(menu, "fetch_dish")
-        if "onion" in roles and (onions_needed > busy_with({"onion"}) or
-                                 (pots and any(i == "onion" for i, _ in game.on_counter.values()))):
-            if pots and any(item == "onion" for item, _ in game.on_counter.values()):
+        if "onion" in roles:
+            if pots and "onion" in counter:
                 return self.pick(menu, "take", "onion")
-            if can(game.onion_dispensers) and onions_needed > busy_with({"onion"}):
+            if onions_needed > busy_with("onion") and can(game.onion_dispensers):
                 return self.pick(menu, "fetch_onion")
         return self.pick(menu, "wait")
 
@@ -694,12 +646,9 @@ LIBRARIES = {"coop_push": PushOptions, "forage": ForageOptions, "kitchen": Kitch
 
 def make_library(game: Game, action_mode: str = "options", feedback: bool = False) -> Library:
     """The option library for a game ('primitive': one-step primitive options); feedback: see Library.feedback."""
-    if action_mode == "primitive":
-        library = PrimitiveLibrary(game.name)
-    elif action_mode == "options":
-        library = LIBRARIES[game.name]()
-    else:
+    if action_mode not in ("options", "primitive"):
         raise ValueError(f"unknown action mode '{action_mode}'; expected options or primitive")
+    library = PrimitiveLibrary(game.name) if action_mode == "primitive" else LIBRARIES[game.name]()
     library.feedback = feedback
     return library
 
@@ -745,7 +694,6 @@ class Runner:
     current: list = field(default_factory=list)  # each agent's running Option (None: needs a decision)
     executions: list = field(default_factory=list)  # every Execution, in start order
     events: list = field(default_factory=list)  # (t, kind, agents, obj)
-    actions: list = field(default_factory=list)  # joint primitive action of each step
     rewards: list = field(default_factory=list)  # team reward of each step
     shaping: list = field(default_factory=list)  # the game's shaped reward of each step (training only; kitchen)
     on_step: object = None  # called as on_step(runner) after every primitive step (audit.py's GIF replay)
@@ -764,9 +712,7 @@ class Runner:
 
     def menu(self, agent: int) -> list[Option]:
         options = self.library.ground(self.game, agent)
-        if self.menu_filter is not None:
-            options = self.menu_filter(self.game, agent, options)
-        return options
+        return options if self.menu_filter is None else self.menu_filter(self.game, agent, options)
 
     def assign(self, agent: int, option: Option) -> None:
         facts = self.library.facts(self.game, agent, option) if self.record_facts else None
@@ -780,7 +726,6 @@ class Runner:
         while not game.done and None not in self.current:
             joint = [lib.act(game, i, self.current[i], self.memory[i]) for i in range(game.n_agents)]
             reward, _, _, events = game.step(joint)
-            self.actions.append(joint)
             self.rewards.append(reward)
             self.shaping.append(game.shaping)
             self.events += [(game.t, *e) for e in events]
@@ -806,8 +751,7 @@ def observation(runner: Runner, agent: int, menu: list[Option]) -> tuple[str, li
     for j, option in enumerate(runner.current):
         if j != agent:
             # a partner who chose at this very step is still choosing: one step's decisions are made together
-            fresh = option is None or runner.running[j].start == game.t
-            doing = "choosing" if fresh else option.text
+            doing = "choosing" if option is None or runner.running[j].start == game.t else option.text
             lines.append(f"{game.partner_word(agent, j).capitalize()} is doing: {doing}.")
     last = runner.running[agent]  # the agent's latest execution (ended, since it is choosing), or None
     if runner.library.feedback and last is not None and last.success is False:
