@@ -5,25 +5,21 @@ This file measures who did the work, from the events each game attributes to the
 (envs.py), over evaluation episodes on fixed seeds, and what each agent is worth counterfactually.
 
 Metrics (`episode_metrics`, pooled over all episodes; a ratio whose denominator is 0 is 0):
-- `agentI.progress_share`: agent I's share of task-progress events (`progress_events`): PROGRESS_KINDS (a
-  box moved toward the goal or delivered, a food loaded, an onion put in a pot, a soup plated or served),
-  and counter moves only when they pass an item on (a take that is a hand-off, a place whose item the
-  partner takes next: putting one's own dish down and taking it back is no progress). An event of two
-  agents counts once for each and shares are normalized by the sum of those counts, so they sum to 1 (a
-  team whose every event is joint gets 0.5 / 0.5). JOINT_KINDS markers are not counted: each repeats a
-  progress event of the same step. `agentI.reward_share`: the same over REWARD_KINDS only.
-- `agentI.idle_fraction`: the fraction of primitive steps agent I spent in `wait` options or in options that
-  failed (timeouts included); an option still running at the end counts as busy unless it is a `wait`.
-- `agentI.usage.KIND`: the fraction of agent I's option executions of each option type (by count).
-- `agentI.failure_rate`: failed / finished executions, `wait` excluded (a wait never fails).
-- `joint_events_per_episode`: joint_push, joint_load and handoff events per episode.
-- `overlap_fraction`: the fraction of steps in which two agents run options with the same first argument,
-  whatever the option type (`goto box 2` and `push box 2 north`).
-- Counterfactual value (`audit_team`, `audit_llm_team`): the same seeds re-run with agent I replaced by an
-  idle agent (always `wait`, which still steps aside when next to its partner) and, separately, by a
-  uniformly random agent over its (guarded) menu. `agentI.ablation_idle_drop` is the drop of the mean
-  normalized score, `..._drop_rel` that drop over the intact team's score (0 when that is 0). A negative
-  drop means the team does better without that agent.
+- `agentI.progress_share`: agent I's share of task-progress events (`progress_events`): PROGRESS_KINDS (a box
+  moved toward the goal or delivered, a food loaded, an onion put in a pot, a soup plated or served), and counter
+  moves only when they pass an item on (a take that is a hand-off, a place whose item the partner takes next).
+  An event of two agents counts once for each and shares are normalized by the sum of those counts (a team whose
+  every event is joint gets 0.5 / 0.5). JOINT_KINDS markers, which repeat a progress event, are not counted.
+  `agentI.reward_share`: the same over REWARD_KINDS only.
+- `agentI.idle_fraction`: the fraction of steps agent I spent in `wait` or in failed options (timeouts included;
+  an option still running at the end is busy); `agentI.usage.KIND`: the fraction of its option executions of
+  each type; `agentI.failure_rate`: failed / finished executions, `wait` excluded.
+- `joint_events_per_episode` (JOINT_KINDS); `overlap_fraction`: the fraction of steps in which two agents run
+  options with the same first argument, whatever the option type (`goto box 2` and `push box 2 north`).
+- Counterfactual value (`audit_team`, `audit_llm_team`): the same seeds re-run with agent I replaced by an idle
+  agent (always `wait`, which still steps aside when next to its partner) and, separately, by a uniformly random
+  one over its (guarded) menu. `agentI.ablation_idle_drop` is the drop of the mean score, `..._drop_rel` that
+  drop over the intact team's (0 when that is 0); a negative drop means the team does better without that agent.
 
 Summary (`summarize`), checked in this order; agents are numbered from 1 in text, as on the map:
 - "no reward": the intact team scores 0, so there is nothing to lose by removing an agent.
@@ -35,36 +31,32 @@ Summary (`summarize`), checked in this order; agents are numbered from 1 in text
 Audits are deterministic when the `choose` functions are: each random stand-in draws from a generator
 seeded by (rng_seed, agent, episode seed).
 
-Does cooperation transfer beyond the partner an agent trained with (`cross_play`, `held_out_partners`)?
-- Cross-play (Other-Play, Hu et al. 2020): agent 1 of seed i with agent 2 of seed j of one sweep, for all i, j,
-  greedy, on the test start states of every run's final test, each agent with its own run's menus
-  (`seat_filter`). Self-play is the diagonal, which reproduces each run's result.json (`greedy_episodes` plays as
-  pamagrpo.evaluate does), cross-play the rest; means with 95% bootstrap CIs over pairs, and each pair's label.
-- Held-out partners (Overcooked-AI's, JaxAHT's protocols): each trained agent in its own seat with a scripted
-  partner in the other: the standard one (options.scripted_choice) and the game's variants
-  (options.Library.variants), which were written before any trained agent played with them. Scores are divided
-  by the standard scripted team's on the same start states; a variant that falls short of COMPETENT x that
-  team with the standard partner in the same seat is no evidence against a trained agent.
+Does cooperation transfer beyond the partner an agent trained with (issue #51)?
+- Cross-play (`cross_play`; Other-Play, Hu et al. 2020): agent 1 of seed i with agent 2 of seed j of one sweep,
+  for all i, j, greedy, on the test start states of every run's final test, each agent with its own run's menus.
+  The diagonal (self-play) reproduces each run's result.json; means with 95% bootstrap CIs over pairs.
+- Held-out partners (`held_out_partners`; Overcooked-AI's, JaxAHT's protocols): each trained agent in its own
+  seat with a scripted partner in the other: the standard one (options.scripted_choice) and the game's variants
+  (options.Library.variants), written before any trained agent played with them. Scores are divided by the
+  standard scripted team's; a variant below COMPETENT x that team with the standard partner in the same seat is
+  no evidence against a trained agent.
 
-Run `python audit.py --reference` (the scripted teams on every built-in layout), `RUN_DIR` (a run's frozen
-base and snapshots over training, greedy; `--temperature T` samples the teams, which may score only when
-sampled), `--final RUN_DIR...` (one row per run from train.py's final audit), `--decoupling LABEL=SWEEP...`
-(the decoupling figure), `--margins RUN_DIR` (greedy argmax margins and failed streaks), `--replay RUN_DIR
-[--episode K]` (redraw a run's replay), `--cross-play SWEEP [--last]` (SWEEP/crossplay.json, .md, .png,
-and the worst failed cross pair's replay), `--partners RUN_OR_SWEEP` (partners.json, .md) or `--variants` (each
-scripted variant with the standard partner on every built-in layout); `--seeds N`: the first N test start states.
+Run `python audit.py --reference` (the scripted teams on every built-in layout), `RUN_DIR` (a run's frozen base
+and snapshots over training; `--temperature T` samples the teams), `--final RUN_DIR...` (train.py's final audits),
+`--decoupling LABEL=SWEEP...` (the figure), `--margins RUN_DIR` (greedy argmax margins, failed streaks), `--replay
+RUN_DIR [--episode K]`, `--cross-play SWEEP [--last]`, `--partners RUN_OR_SWEEP` or `--variants`.
 Test: `pytest test_all.py -k "audit or replay or margins or decoupling or cross_p or partner"`.
-Needs envs (games, events), options (runner, Task, scripted teams), policy (LLM teams, the lockstep `play`),
-guards (a run's menus) and plumbing (files, errors, CLI, figures); never pamagrpo or train: an audit needs no
-training algorithm.
+Needs envs, options, policy, guards and plumbing; never pamagrpo or train: an audit needs no training algorithm.
 """
 
 from __future__ import annotations
 
 import functools
-import json
 import os
 import re
+import shutil
+import tempfile
+import time
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -85,6 +77,8 @@ SOLO_SHARE = 0.9  # one agent doing at least this share of the progress runs the
 DISPENSABLE_DROP = 0.1  # removing an agent that costs less than this (relative) loses nothing that matters
 NECESSARY_DROP = 0.5  # removing an agent that costs at least this (relative) makes it necessary
 LABELS = ("interdependent", "solo", "mixed", "redundant", "no reward")  # the first words of summarize()
+COMPETENT = 0.8  # train.COMPETENT (audit.py never imports train): >= 0.8 x the scripted team's score is competent
+SWEEP_FREE = ("seed", "out", "resume", "threads")  # config keys in which the runs of one sweep may differ
 
 Choose = Callable  # (runner, agent, menu) -> Option, as options.run_episode expects
 
@@ -98,13 +92,8 @@ def team_choose(chooses: Sequence[Choose]) -> Choose:
 
 
 def shares(events: list, n_agents: int, kinds: Sequence[str]) -> list[float]:
-    """Each agent's share of the events of `kinds` it took part in (a two-agent event counts once for each,
-    and the shares are normalized by the sum of those counts); all 0 without such events."""
-    counts = [0] * n_agents
-    for _, kind, agents, _ in events:
-        if kind in kinds:
-            for i in agents:
-                counts[i] += 1
+    """Each agent's share of the events of `kinds` it took part in (module docstring); all 0 without such events."""
+    counts = [sum(i in agents for _, kind, agents, _ in events if kind in kinds) for i in range(n_agents)]
     total = sum(counts)
     return [c / total if total else 0.0 for c in counts]
 
@@ -116,15 +105,14 @@ def progress_events(events: list) -> list:
     kept = []
     for n, (t, kind, agents, obj) in enumerate(events):
         if kind == "counter_take":
-            if (t, agents[0], obj) not in handoffs:
-                continue
-        elif kind == "counter_place":
+            keep = (t, agents[0], obj) in handoffs
+        elif kind == "counter_place":  # passed on: the item's next taker is the partner
             taker = next((e[2][0] for e in events[n + 1:] if e[1] == "counter_take" and e[3] == obj), None)
-            if taker is None or taker == agents[0]:
-                continue
-        elif kind not in PROGRESS_KINDS:
-            continue
-        kept.append((t, kind, agents, obj))
+            keep = taker not in (None, agents[0])
+        else:
+            keep = kind in PROGRESS_KINDS
+        if keep:
+            kept.append((t, kind, agents, obj))
     return kept
 
 
@@ -135,16 +123,12 @@ def overlap_steps(executions: list, n_agents: int, steps: int) -> int:
         if x.option.kind != "wait" and x.option.args:
             for t in range(x.start, min(x.start + x.duration, steps)):
                 target[x.agent][t] = x.option.args[0]
-    count = 0
-    for t in range(steps):
-        objects = [target[i][t] for i in range(n_agents) if target[i][t] is not None]
-        count += len(objects) != len(set(objects))
-    return count
+    objects = [[target[i][t] for i in range(n_agents) if target[i][t] is not None] for t in range(steps)]
+    return sum(len(o) != len(set(o)) for o in objects)
 
 
 def episode_metrics(episodes: list, n_agents: int, kinds: Sequence[str]) -> dict:
-    """The flat metrics dict (module docstring) of episodes with .score, .total_reward, .steps,
-    .executions and .events, as options.Episode; `kinds` are the option types to report usage for."""
+    """The flat metrics dict (module docstring) of options.Episode's; `kinds`: the option types to count usage of."""
     events = [e for ep in episodes for e in ep.events]
     progress_list = [e for ep in episodes for e in progress_events(ep.events)]
     runs = [x for ep in episodes for x in ep.executions]
@@ -212,8 +196,7 @@ def summarize(metrics: dict, n_agents: int) -> str:
 
 
 def stand_in(name: str, agent: int, seed: int, rng_seed: int) -> Choose:
-    """The agent put in an ablated agent's place: 'idle' (always the library's idle option: wait, or stay over
-    primitives) or 'random' (uniform over its menu, with a generator seeded by (rng_seed, agent, episode seed))."""
+    """The agent in an ablated agent's place: 'idle' (the library's idle option) or 'random' (uniform over its menu)."""
     if name == "idle":
         return lambda runner, agent, menu: runner.library.idle()
     return random_choice(np.random.default_rng([rng_seed, agent, seed]))
@@ -252,11 +235,19 @@ def audit_team(game: Game, library: Library, chooses: Sequence[Choose], seeds: S
     return audit_with(play_team, game.n_agents, library.kinds)
 
 
+def eval_play(policy: policy_lib.MenuPolicy, task: Task, seeds: Sequence[int], agents: list, seed: int,
+              temperature: float = 0.0) -> tuple[list, list]:
+    """(runners, steps) of pamagrpo.evaluate's play in one process: generators seeded by (seed, EVAL_ITERATION, start
+    state, 0), all `seeds` in one lockstep batch, so a run's own team plays here, greedy, the very episodes of its
+    final test. agents: adapter names, None (the frozen base) or `choose` functions."""
+    gens = [policy_lib.sampling_generator(seed, policy_lib.EVAL_ITERATION, s, 0) for s in seeds]
+    return policy_lib.play(task, list(seeds), policy, list(agents), temperature, gens)
+
+
 def audit_llm_team(policy: policy_lib.MenuPolicy, task: Task, agents: list[str | None], seeds: Sequence[int],
                    rng_seed: int = 0, temperature: float = 0.0, intact: list | None = None) -> dict:
-    """audit_with for LLM agents (adapter names, or None for the frozen base) batched through policy_lib.play:
-    greedy, or sampled at `temperature` with generators seeded by (rng_seed, episode seed). intact: the intact
-    team's episodes on these seeds when already played (train.py's final evaluation), so they are reused."""
+    """audit_with for LLM agents (adapter names, None: the frozen base) through policy_lib.play, greedy or sampled
+    at `temperature`; intact: the intact team's episodes on `seeds` when already played (train.py's), reused."""
     seeds = list(seeds)
     if intact is not None and len(intact) != len(seeds):
         raise ValueError(f"intact: expected the episodes of the {len(seeds)} audited seeds, in order")
@@ -268,9 +259,7 @@ def audit_llm_team(policy: policy_lib.MenuPolicy, task: Task, agents: list[str |
         for i, name in stand_ins.items():  # one stand-in (and generator) per episode seed, as in audit_team
             per_seed = {s: stand_in(name, i, s, rng_seed) for s in seeds}
             team[i] = lambda runner, agent, menu, per_seed=per_seed: per_seed[runner.game.seed](runner, agent, menu)
-        gens = [policy_lib.sampling_generator(rng_seed, policy_lib.EVAL_ITERATION, s, 0) for s in seeds]
-        runners, _ = policy_lib.play(task, seeds, policy, team, temperature, gens)
-        return policy_lib.episodes(runners)
+        return policy_lib.episodes(eval_play(policy, task, seeds, team, rng_seed, temperature)[0])
 
     return audit_with(play_team, len(agents), task.library.kinds)
 
@@ -285,10 +274,8 @@ def replay(game: Game, library: Library, chooses: Sequence[Choose], seed: int, m
     steps: list[tuple[str, list[str], dict]] = []  # (render(), each agent's option, labels()) after every step
 
     def record(runner) -> None:
-        doing = []
-        for run in runner.running:
-            ended = "" if run is None or run.success is None else (" -> ok" if run.success else " -> failed")
-            doing.append("-" if run is None else run.option.text + ended)
+        ended = {None: "", True: " -> ok", False: " -> failed"}
+        doing = ["-" if run is None else run.option.text + ended[run.success] for run in runner.running]
         steps.append((runner.game.render(), doing, runner.game.labels()))
 
     episode = run_episode(game, library, team_choose(chooses), seed, menu_filter, show=True,
@@ -312,12 +299,8 @@ def replay(game: Game, library: Library, chooses: Sequence[Choose], seed: int, m
     return "\n".join(lines)
 
 
-# colours of the map characters of every game's render() (agents are drawn as numbered discs on top)
-
-
 def write_replay(run_dir: str, policy: policy_lib.MenuPolicy, task: Task, seed: int, stem: str = "replay") -> str:
-    """The loaded adapters' greedy episode from start state `seed`: RUN/{stem}.txt and the same episode as
-    RUN/{stem}.gif (train.py's final audit; `audit.py --replay`)."""
+    """The loaded adapters' greedy episode from start state `seed` as RUN/{stem}.txt and RUN/{stem}.gif."""
     text = replay(task.new_game(), task.library, [policy_lib.llm_choose(policy, n) for n in policy.agents], seed,
                   task.menu_filter, gif=os.path.join(run_dir, f"{stem}.gif"))
     plumbing.write_file(os.path.join(run_dir, f"{stem}.txt"), text + "\n")
@@ -327,19 +310,22 @@ def write_replay(run_dir: str, policy: policy_lib.MenuPolicy, task: Task, seed: 
 # ----------------------------------------------------------------------------- reports
 
 
-def reference_audits(episodes: int) -> list[dict]:
-    """The scripted cooperative and solo teams (options.scripted_choice) on every built-in layout, on its first
-    `episodes` distinct test start states."""
-    rows = []
+def builtin_layouts(episodes: int):
+    """(game name, layout, game, library, its first `episodes` distinct test start states) of every built-in layout."""
     for game_name, cls in envs.GAMES.items():
         for layout in cls.layouts:
             game = envs.make_game(game_name, layout)
-            seeds = envs.split_seeds(game, "test", episodes)
-            library = make_library(game)
-            for team, solo in (("coop", False), ("solo", True)):
-                result = audit_team(game, library, [scripted_choice(solo)] * game.n_agents, seeds)
-                rows.append({"game": game_name, "layout": layout, "team": f"scripted {team}",
-                             "solo_layout": layout in cls.solo_layouts, **result})
+            yield game_name, layout, game, make_library(game), envs.split_seeds(game, "test", episodes)
+
+
+def reference_audits(episodes: int) -> list[dict]:
+    """The scripted cooperative and solo teams (options.scripted_choice) on every built-in layout."""
+    rows = []
+    for game_name, layout, game, library, seeds in builtin_layouts(episodes):
+        for team, solo in (("coop", False), ("solo", True)):
+            result = audit_team(game, library, [scripted_choice(solo)] * game.n_agents, seeds)
+            rows.append({"game": game_name, "layout": layout, "team": f"scripted {team}",
+                         "solo_layout": layout in envs.GAMES[game_name].solo_layouts, **result})
     return rows
 
 
@@ -350,8 +336,7 @@ def default_columns(n_agents: int) -> list[str]:
 
 
 def table(rows: list[dict], columns: Sequence[str] | None = None) -> str:
-    """A markdown table of audit rows; by default game/layout/team (when present), score, progress share,
-    idle fraction and relative idle-ablation drop per agent, joint events per episode and the summary."""
+    """A markdown table of audit rows; by default game, layout and team (when present) and default_columns."""
     if columns is None:
         names = [c for c in ("game", "layout", "team") if any(c in row for row in rows)]
         columns = names + default_columns(max((row.get("n_agents", 2) for row in rows), default=2))
@@ -367,17 +352,17 @@ def table(rows: list[dict], columns: Sequence[str] | None = None) -> str:
 
 
 def greedy_margins(policy: policy_lib.MenuPolicy, task: Task, seeds: Sequence[int]) -> list[dict]:
-    """Why greedy play can fail where sampled play succeeds: every decision of greedy episodes on `seeds`, with
-    the menu's entropy, the argmax margin, the chosen option, whether it failed, and its failed streak: how many
-    times in a row this agent chose this option and saw it fail (a loop greedy play cannot leave)."""
+    """Why greedy play can fail where sampled play succeeds: each decision of greedy episodes on `seeds`, with its
+    menu's entropy, argmax margin, outcome and failed streak (this choice failing in a row: a loop greedy play
+    cannot leave)."""
     seeds = list(seeds)
-    gens = [policy_lib.sampling_generator(0, policy_lib.EVAL_ITERATION, s, 0) for s in seeds]
-    runners, steps = policy_lib.play(task, seeds, policy, policy.agents, 0.0, gens)
+    runners, steps = eval_play(policy, task, seeds, policy.agents, 0)
     outcome = {(r, x.agent, x.start): x for r, run in enumerate(runners) for x in run.executions}
     streak: dict[tuple[int, int], tuple[str, int]] = {}
     rows = []
     for st in sorted(steps, key=lambda st: (st.rollout, st.t, st.agent)):
         logp = st.old_logp.detach().float().cpu()  # (K,)
+        top = logp.topk(min(2, len(logp))).values.tolist()  # argmax margin: top[0] - top[1], inf for one option
         text = st.decision.menu[st.choice]
         x = outcome.get((st.rollout, st.agent, st.t))
         failed = x is not None and x.success is False
@@ -386,22 +371,13 @@ def greedy_margins(policy: policy_lib.MenuPolicy, task: Task, seeds: Sequence[in
         streak[st.rollout, st.agent] = (text, count)
         rows.append({"episode": st.rollout, "seed": seeds[st.rollout], "t": st.t, "agent": st.agent + 1,
                      "option": text, "menu": len(st.decision.menu), "entropy": float(-(logp.exp() * logp).sum()),
-                     "margin": argmax_margin(logp), "failed": failed, "failed_streak": count,
-                     "score": runners[st.rollout].game.score})
+                     "margin": top[0] - top[1] if len(top) == 2 else float("inf"), "failed": failed,
+                     "failed_streak": count, "score": runners[st.rollout].game.score})
     return rows
 
 
-def argmax_margin(logp) -> float:
-    """The chosen option's log-probability minus the runner-up's (inf for a one-option menu)."""
-    if len(logp) < 2:
-        return float("inf")
-    first, second = logp.topk(2).values.tolist()
-    return first - second
-
-
 def margins_summary(rows: list[dict]) -> list[dict]:
-    """Per episode: score, decisions, mean entropy and margin, the failure rate of greedy choices, and the
-    longest failed streak with its option."""
+    """Per episode: decisions, mean entropy and margin, failure rate, and the longest failed streak with its option."""
     out = []
     for episode in sorted({r["episode"] for r in rows}):
         ep = [r for r in rows if r["episode"] == episode]
@@ -419,11 +395,7 @@ def margins_summary(rows: list[dict]) -> list[dict]:
 def run_config(run_dir: str) -> dict:
     """A train.py run folder's config.json, checked for what an audit needs."""
     path = os.path.join(run_dir, "config.json")
-    try:
-        config = json.loads(plumbing.read_text(path, "a run folder of train.py"))
-    except (plumbing.InputError, json.JSONDecodeError) as e:
-        raise plumbing.InputError(f"{run_dir}: no readable config.json ({plumbing.one_line(e)}); expected a run folder "
-                                  "of train.py") from None
+    config = plumbing.read_json(path, "a run folder of train.py", f"{run_dir}: no readable config.json")
     needed = ("game", "layout", "action_mode", "device", "dtype", "model", "lora_rank", "lora_alpha", "lora_targets",
               "scoring", "seed")
     if not isinstance(config, dict) or any(k not in config for k in needed):
@@ -432,8 +404,7 @@ def run_config(run_dir: str) -> dict:
 
 
 def load_run(run_dir: str, device: str | None = None) -> tuple[dict, Task, policy_lib.MenuPolicy]:
-    """(config, task, policy) of a train.py run folder: the menus the run trained on (its guards, and
-    options.drop_arrived with --arrived drop) and its policy, whose adapters are still to be loaded."""
+    """(config, task, policy) of a train.py run folder: its menus (guards, --arrived), adapters still to load."""
     config = run_config(run_dir)
     return config, run_task(run_dir, config), run_policy(config, device)
 
@@ -462,9 +433,8 @@ def run_policy(config: dict, device: str | None = None) -> policy_lib.MenuPolicy
 
 
 def audit_run(run_dir: str, episodes: int, temperature: float = 0.0, device: str | None = None) -> list[dict]:
-    """Audit a run's frozen base and every adapter snapshot on its first `episodes` test start states (the
-    ones train.py's final evaluation uses): RUN/audit.jsonl, audit.md (table and a greedy replay) and audit.png,
-    or audit_T{temperature}.* for sampled teams, beside a greedy audit already there."""
+    """Audit a run's frozen base and every snapshot on its first `episodes` test start states: RUN/audit.jsonl, .md
+    (table and a greedy replay) and .png, or audit_T{temperature}.* for sampled teams."""
     config, task, policy = load_run(run_dir, device)
     seeds = envs.split_seeds(task.new_game(), "test", episodes)
     if len(seeds) < episodes:
@@ -482,7 +452,7 @@ def audit_run(run_dir: str, episodes: int, temperature: float = 0.0, device: str
                      **audit_llm_team(policy, task, policy.agents, seeds, temperature=temperature)})
         print(table(rows[-1:]), flush=True)
     stem = os.path.join(run_dir, "audit" if temperature <= 0 else f"audit_T{temperature:g}")
-    plumbing.write_file(stem + ".jsonl", "".join(json.dumps(r) + "\n" for r in rows))
+    plumbing.write_jsonl(stem + ".jsonl", rows)
     played = "greedy" if temperature <= 0 else f"sampled at temperature {temperature:g}"
     text = [f"# Audit of {run_dir} ({config['game']}/{config['layout']}, {len(seeds)} distinct test start states, "
             f"{played})", "", table(rows, ["iteration", "team"] + default_columns(len(policy.agents))), ""]
@@ -497,14 +467,13 @@ def audit_run(run_dir: str, episodes: int, temperature: float = 0.0, device: str
 
 
 def margins_report(run_dir: str, episodes: int, device: str | None = None) -> list[dict]:
-    """greedy_margins of a run's final adapters on its first `episodes` test start states: RUN/margins.jsonl (one
-    row per decision) and RUN/margins.md (one row per episode), and the per-episode table printed."""
+    """greedy_margins of a run's final adapters: RUN/margins.jsonl (per decision) and margins.md (per episode)."""
     config, task, policy = load_run(run_dir, device)
     policy.load_adapters(os.path.join(run_dir, "adapters"))
     seeds = envs.split_seeds(task.new_game(), "test", episodes)
     rows = greedy_margins(policy, task, seeds)
     summary = margins_summary(rows)
-    plumbing.write_file(os.path.join(run_dir, "margins.jsonl"), "".join(json.dumps(r) + "\n" for r in rows))
+    plumbing.write_jsonl(os.path.join(run_dir, "margins.jsonl"), rows)
     text = (f"# Greedy decisions of {run_dir} ({config['game']}/{config['layout']}, final adapters, "
             f"{len(seeds)} test start states)\n\n{table(summary, list(summary[0]))}\n")
     plumbing.write_file(os.path.join(run_dir, "margins.md"), text)
@@ -533,19 +502,12 @@ def replay_run(run_dir: str, device: str | None = None, episode: int = 1) -> str
 
 
 def final_audit_rows(run_dirs: Sequence[str]) -> list[dict]:
-    """One row per train.py run folder from the audit it wrote at its final evaluation (audit_final.json),
-    with the run's game, layout, model, advantage mode and whether the layout can be solved alone."""
-    rows = []
+    """One row per train.py run folder: its final audit (audit_final.json) with its game, layout and model."""
+    rows, what = [], "a run folder of train.py with --audit-episodes > 0"
     for run_dir in run_dirs:
-        try:
-            with open(os.path.join(run_dir, "config.json")) as f:
-                config = json.load(f)
-            with open(os.path.join(run_dir, "audit_final.json")) as f:
-                row = json.load(f)
-        except (OSError, json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise plumbing.InputError(f"{run_dir}: no readable config.json and audit_final.json "
-                                      f"({plumbing.one_line(e)}); expected a run folder of train.py with "
-                                      "--audit-episodes > 0") from None
+        context = f"{run_dir}: no readable config.json and audit_final.json"
+        config, row = (plumbing.read_json(os.path.join(run_dir, name), what, context)
+                       for name in ("config.json", "audit_final.json"))
         if not isinstance(config, dict) or config.get("game") not in envs.GAMES or not isinstance(row, dict):
             raise plumbing.InputError(f"{run_dir}: config.json or audit_final.json is not what train.py writes")
         cls = envs.GAMES[config["game"]]
@@ -555,18 +517,11 @@ def final_audit_rows(run_dirs: Sequence[str]) -> list[dict]:
 
 
 # ----------------------------------------------------------------------------- cross-play and held-out partners
-# Does cooperation transfer, or did each team learn private conventions (issue #51)? Cross-play pairs agent 1 of
-# one seed with agent 2 of another (Other-Play, Hu et al. 2020); held-out partners put a scripted teammate that
-# no trained agent met in the other seat (as the Overcooked-AI and JaxAHT protocols do).
-
-COMPETENT = 0.8  # train.COMPETENT (audit.py never imports train): >= 0.8 x the scripted team's score is competent
-SWEEP_FREE = ("seed", "out", "resume", "threads")  # config keys in which the runs of one sweep may differ
 
 
 def finished_run(run_dir: str, last: bool = False, sweep: str | None = None) -> dict:
-    """A finished train.py run, checked before any model loads: {"dir", "config", "result", "adapters"}, adapters
-    the folder of its selected checkpoint (snapshots/iter_N, N = result.json's selected_iteration) or, with
-    `last`, of its last adapters (adapters/)."""
+    """A finished train.py run, checked before any model loads: {"dir", "seed", "config", "result", "adapters"},
+    adapters the folder of its selected checkpoint (snapshots/iter_N) or, with `last`, of its last adapters."""
     config = run_config(run_dir)
     path = os.path.join(run_dir, "result.json")
     if not os.path.isfile(path):
@@ -590,8 +545,7 @@ def finished_run(run_dir: str, last: bool = False, sweep: str | None = None) -> 
 
 def sweep_runs(sweep: str, last: bool = False) -> list[dict]:
     """Every seed of a `train.py --seeds` sweep folder (sweep.json, seedK/) as a finished_run, all checked before
-    any model loads: a missing seed, result.json or checkpoint, or runs that differ in more than SWEEP_FREE, is
-    one InputError line."""
+    any model loads: a missing seed, result.json or checkpoint, or runs that differ in more than SWEEP_FREE."""
     where = "a sweep folder of train.py --seeds"
     if not os.path.isdir(sweep):
         raise plumbing.InputError(f"{sweep}: not a folder; expected {where}")
@@ -599,9 +553,9 @@ def sweep_runs(sweep: str, last: bool = False) -> list[dict]:
     seeds = plan.get("seeds") if isinstance(plan, dict) else None
     if not isinstance(seeds, list) or len(seeds) < 2 or any(type(s) is not int for s in seeds):
         raise plumbing.InputError(f"{sweep}/sweep.json lists seeds {seeds!r}; expected a sweep of 2 or more seeds")
-    for missing, what in (([s for s in seeds if not os.path.isdir(os.path.join(sweep, f"seed{s}"))], "no folder"),
-                          ([s for s in seeds if not os.path.isfile(os.path.join(sweep, f"seed{s}", "result.json"))],
-                           "no result.json (unfinished)")):
+    for file, exists, what in (("", os.path.isdir, "no folder"),
+                               ("result.json", os.path.isfile, "no result.json (unfinished)")):
+        missing = [s for s in seeds if not exists(os.path.join(sweep, f"seed{s}", file))]
         if missing:
             seeds_have = f"seed {missing[0]} of sweep.json has" if len(missing) == 1 else \
                 f"seeds {', '.join(map(str, missing))} of sweep.json have"
@@ -620,33 +574,18 @@ def sweep_runs(sweep: str, last: bool = False) -> list[dict]:
 
 
 def seat_filter(filters: Sequence) -> Callable | None:
-    """A menu filter that gives agent i the menus of filters[i] (None: its whole menu): in a mixed team each
-    agent plays with the guards of the run it was trained in."""
+    """A menu filter giving agent i the menus of filters[i] (None: whole menus): each agent its own run's guards."""
     if all(f is None for f in filters):
         return None
     return lambda game, agent, menu: menu if filters[agent] is None else filters[agent](game, agent, menu)
 
 
 def load_agents(policy: policy_lib.MenuPolicy, folders: Sequence[str]) -> None:
-    """policy.agents[i]'s adapter from folders[i] (folders as save_adapters writes them: FOLDER/agentI), through a
-    temporary folder holding each agent's own (MenuPolicy.load_adapters reads every agent from one folder)."""
-    import shutil
-    import tempfile
-
+    """policy.agents[i]'s adapter from folders[i] (staged in one folder: load_adapters reads all from one)."""
     with tempfile.TemporaryDirectory() as staging:
         for agent, folder in zip(policy.agents, folders, strict=True):
             shutil.copytree(os.path.join(folder, agent), os.path.join(staging, agent))
         policy.load_adapters(staging)
-
-
-def greedy_episodes(policy: policy_lib.MenuPolicy, task: Task, seeds: Sequence[int], agents: list,
-                    seed: int) -> list:
-    """pamagrpo.evaluate's greedy play in one process: generators seeded by (seed, EVAL_ITERATION, start state,
-    0) and all `seeds` in one lockstep batch, so a run's own team plays here the very episodes of its final
-    test. agents: adapter names, None (the frozen base) or scripted `choose` functions."""
-    gens = [policy_lib.sampling_generator(seed, policy_lib.EVAL_ITERATION, s, 0) for s in seeds]
-    runners, _ = policy_lib.play(task, list(seeds), policy, list(agents), 0.0, gens)
-    return policy_lib.episodes(runners)
 
 
 def mean_score(episodes: list) -> float:
@@ -661,13 +600,10 @@ def who_works(summary: str) -> str:
 
 
 def cross_play(sweep: str, last: bool = False, device: str | None = None) -> dict:
-    """Agent 1 of seed i with agent 2 of seed j for every i, j of a sweep (selected checkpoints, or the last
-    adapters), greedy, on the test start states of every run's final test, each agent with its own run's menus;
-    the audit labels of each pair on the first audit_episodes of them (the intact episodes reused). Writes
-    SWEEP/crossplay.json, .md and .png (crossplay_last.* with `last`), and crossplay_replay.txt/.gif: the worst
-    episode of the worst cross pair below COMPETENT, if one is; the diagonal must reproduce each seed's result.json."""
-    import time
-
+    """Cross-play of a sweep's selected checkpoints, or last adapters (module docstring), with each pair's audit
+    label on the first audit_episodes start states (its intact episodes reused). Writes SWEEP/crossplay.json, .md,
+    .png (crossplay_last.* with `last`) and crossplay_replay.txt/.gif: the worst episode of the worst cross pair
+    below COMPETENT, if one is."""
     t0 = time.perf_counter()
     runs = sweep_runs(sweep, last)
     config = runs[0]["config"]
@@ -690,7 +626,7 @@ def cross_play(sweep: str, last: bool = False, device: str | None = None) -> dic
         for j, two in enumerate(runs):
             t1 = time.perf_counter()
             task = seat(i, j)
-            episodes = greedy_episodes(policy, task, seeds, policy.agents, one["config"]["seed"])
+            episodes = policy_lib.episodes(eval_play(policy, task, seeds, policy.agents, one["config"]["seed"])[0])
             pair = {"agent1_seed": one["seed"], "agent2_seed": two["seed"], "score": mean_score(episodes),
                     "scores": [ep.score for ep in episodes]}
             if i == j:  # self-play: the run's own final test, episode for episode
@@ -753,28 +689,28 @@ def worst_cross_episode(pairs: list[dict], n: int, bar: float) -> tuple[int, int
 
 
 def cross_play_markdown(out: dict, stem: str) -> str:
-    seeds, matrix, n = out["seeds"], out["matrix"], len(out["seeds"])
-    which = "selected checkpoints" if out["checkpoint"] == "selected" else "last adapters"
-    flag = " --last" if out["checkpoint"] == "last" else ""
-    score_name = "selected_test_score" if out["checkpoint"] == "selected" else "last_test_score"
-    head = ["| agent 1 of \\ agent 2 of | " + " | ".join(f"seed {s}" for s in seeds) + " |",
-            "| --- |" + " --- |" * n]
-    lines = [f"# Cross-play of {out['sweep']} ({out['game']}/{out['layout']}, {which}, greedy)", "",
-             f"`python audit.py --cross-play {out['sweep']}{flag}` ({out['seconds'] / 60:.1f} min). Agent 1 of the "
-             "row's seed with agent 2 of the column's, each with the menus (guards) of its own run, on the "
-             f"{out['test_states']} test start states of every run's final test.", "",
+    seeds, n, last = out["seeds"], len(out["seeds"]), out["checkpoint"] == "last"
+
+    def grid(cell: Callable[[int, int], str]) -> list[str]:  # a seed x seed table
+        return ["| agent 1 of \\ agent 2 of | " + " | ".join(f"seed {s}" for s in seeds) + " |",
+                "| --- |" + " --- |" * n,
+                *(f"| seed {s} | " + " | ".join(cell(i, j) for j in range(n)) + " |" for i, s in enumerate(seeds))]
+
+    lines = [f"# Cross-play of {out['sweep']} ({out['game']}/{out['layout']}, "
+             f"{'last adapters' if last else 'selected checkpoints'}, greedy)", "",
+             f"`python audit.py --cross-play {out['sweep']}{' --last' if last else ''}` ({out['seconds'] / 60:.1f} "
+             "min). Agent 1 of the row's seed with agent 2 of the column's, each with the menus (guards) of its own "
+             f"run, on the {out['test_states']} test start states of every run's final test.", "",
              f"**Self-play** (the diagonal, {n} pairs): {plumbing.mean_ci(out['self_play'])}; **cross-play** (off "
              f"the diagonal, {n * (n - 1)} pairs): {plumbing.mean_ci(out['cross_play'])}; **gap** "
              f"{out['gap']:.3f}. Competent pairs (>= {COMPETENT} x the scripted team's {out['scripted_score']:.3f}): "
              f"self-play {out['competent_self']}/{n}, cross-play {out['competent_cross']}/{n * (n - 1)}. 95% "
              "bootstrap CIs over pairs; pairs that share a seed are not independent, so they understate the "
              "spread over seeds.", "",
-             f"The diagonal reproduces each seed's result.json ({score_name}): "
-             f"{'yes' if out['reproduces_results'] else '**no** (see the warnings in crossplay.json)'}.", "", *head]
-    for i, s in enumerate(seeds):
-        lines.append(f"| seed {s} | " + " | ".join(f"**{v:.3f}**" if i == j else f"{v:.3f}"
-                                                   for j, v in enumerate(matrix[i])) + " |")
-    lines += ["", f"Heatmap: `{stem}.png`.", ""]
+             f"The diagonal reproduces each seed's result.json ({'last' if last else 'selected'}_test_score): "
+             f"{'yes' if out['reproduces_results'] else '**no** (see the warnings in crossplay.json)'}.", "",
+             *grid(lambda i, j: f"**{out['matrix'][i][j]:.3f}**" if i == j else f"{out['matrix'][i][j]:.3f}"),
+             "", f"Heatmap: `{stem}.png`.", ""]
     if "replay" in out:
         r = out["replay"]
         lines += [f"The worst cross-play pair below {COMPETENT} x the scripted team (agent 1 of seed "
@@ -782,14 +718,10 @@ def cross_play_markdown(out: dict, stem: str) -> str:
                   f"state ({r['start_state']}, scored {r['score']:.3f} in the matrix): `{r['file']}` and `.gif`.", ""]
     if out["audit_states"]:
         labels = [p["label"] for p in out["pairs"]]
-        count = {"self-play": [labels[i * n + i] for i in range(n)],
-                 "cross-play": [labels[i * n + j] for i in range(n) for j in range(n) if i != j]}
+        count = {"self-play": labels[::n + 1], "cross-play": [v for k, v in enumerate(labels) if k // n != k % n]}
         lines += [f"## Who works (audit.py labels on the first {out['audit_states']} test start states)", "",
                   "; ".join(f"{k}: " + ", ".join(f"{label} {v.count(label)}" for label in sorted(set(v)))
-                            for k, v in count.items()) + ".", "", *head]
-        for i, s in enumerate(seeds):
-            lines.append(f"| seed {s} | " + " | ".join(labels[i * n: (i + 1) * n]) + " |")
-        lines.append("")
+                            for k, v in count.items()) + ".", "", *grid(lambda i, j: labels[i * n + j]), ""]
     return "\n".join(lines)
 
 
@@ -798,19 +730,18 @@ def plot_cross_play(out: dict, path: str) -> None:
     from matplotlib.patches import Rectangle
 
     matrix, seeds = np.asarray(out["matrix"], float), out["seeds"]  # (S, S)
-    n = len(seeds)
+    n, top = len(seeds), max(1.0, float(matrix.max()))
     fig = plumbing.new_figure(figsize=(2.4 + 0.9 * n, 1.0 + 0.8 * n))
     ax = fig.subplots()
-    image = ax.imshow(matrix, vmin=0.0, vmax=max(1.0, float(matrix.max())), cmap="viridis")
+    image = ax.imshow(matrix, vmin=0.0, vmax=top, cmap="viridis")
     for i in range(n):
         for j in range(n):
             ax.text(j, i, f"{matrix[i, j]:.2f}", ha="center", va="center", fontsize=8,
-                    color="black" if matrix[i, j] > 0.6 * max(1.0, float(matrix.max())) else "white")
+                    color="black" if matrix[i, j] > 0.6 * top else "white")
         ax.add_patch(Rectangle((i - 0.5, i - 0.5), 1, 1, fill=False, edgecolor="red", linewidth=1.5))
     ax.set_xticks(range(n), [str(s) for s in seeds])
     ax.set_yticks(range(n), [str(s) for s in seeds])
-    ax.set_xlabel("seed of agent 2")
-    ax.set_ylabel("seed of agent 1")
+    ax.set(xlabel="seed of agent 2", ylabel="seed of agent 1")
     ax.set_title(f"{out['game']}/{os.path.basename(out['layout'])}: self {out['self_play']['mean']:.2f}, "
                  f"cross {out['cross_play']['mean']:.2f}", fontsize=9)
     fig.colorbar(image, ax=ax, label="greedy test score")
@@ -819,18 +750,17 @@ def plot_cross_play(out: dict, path: str) -> None:
 
 def partner_reference(game: Game, library: Library, seeds: Sequence[int]) -> dict:
     """The scripted teams on `seeds` (whole menus): the standard team's mean score, and each held-out partner's
-    (Library.variants, and 'standard') with the standard partner in the other seat: name -> [with the partner in
-    seat 1, in seat 2]."""
-    out: dict = {"standard_team": mean_score([run_episode(game, library, scripted_choice(), s) for s in seeds]),
-                 "partners": {}}
-    for name in ("standard", *library.variants):
-        out["partners"][name] = []
-        for seat in range(2):
-            team = [scripted_choice(), scripted_choice()]
-            team[seat] = variant_choice(name)
-            out["partners"][name].append(mean_score([run_episode(game, library, team_choose(team), s)
-                                                     for s in seeds]))
-    return out
+    (and 'standard') with the standard partner: name -> [score with the partner in seat 1, in seat 2]."""
+
+    def score(choose: Choose) -> float:
+        return mean_score([run_episode(game, library, choose, s) for s in seeds])
+
+    def with_standard(name: str, seat: int) -> Choose:  # partner `name` in `seat`, the standard one in the other
+        return team_choose([variant_choice(name) if k == seat else scripted_choice() for k in range(2)])
+
+    return {"standard_team": score(scripted_choice()),
+            "partners": {name: [score(with_standard(name, seat)) for seat in range(2)]
+                         for name in ("standard", *library.variants)}}
 
 
 def partner_solves(reference: dict, name: str, seat: int) -> bool:
@@ -840,29 +770,22 @@ def partner_solves(reference: dict, name: str, seat: int) -> bool:
 
 
 def variant_rows(episodes: int) -> list[dict]:
-    """Each held-out partner with the standard scripted partner, in either seat, on every built-in layout's first
-    `episodes` test start states (`python audit.py --variants`)."""
+    """Each held-out partner with the standard one, in either seat, on every built-in layout (--variants)."""
     rows = []
-    for game_name, cls in envs.GAMES.items():
-        for layout in cls.layouts:
-            game = envs.make_game(game_name, layout)
-            library = make_library(game)
-            reference = partner_reference(game, library, envs.split_seeds(game, "test", episodes))
-            for name, does in library.variants.items():
-                rows.append({"game": game_name, "layout": layout, "partner": name, "what it does": does,
-                             "in seat 1": reference["partners"][name][0], "in seat 2": reference["partners"][name][1],
-                             "standard team": reference["standard_team"],
-                             "solves": all(partner_solves(reference, name, seat) for seat in range(2))})
+    for game_name, layout, game, library, seeds in builtin_layouts(episodes):
+        reference = partner_reference(game, library, seeds)
+        for name, does in library.variants.items():
+            rows.append({"game": game_name, "layout": layout, "partner": name, "what it does": does,
+                         "in seat 1": reference["partners"][name][0], "in seat 2": reference["partners"][name][1],
+                         "standard team": reference["standard_team"],
+                         "solves": all(partner_solves(reference, name, seat) for seat in range(2))})
     return rows
 
 
-def held_out_partners(target: str, device: str | None = None) -> dict:
-    """Each trained agent (selected checkpoint) of a run, or of every seed of a sweep, in its own seat with each
-    scripted partner in the other: the standard one (options.scripted_choice) and the game's held-out ones
-    (Library.variants), greedy, on the run's test start states; scores normalized by the standard scripted
-    team's on the same states. Writes TARGET/partners.json and partners.md."""
-    import time
 
+def held_out_partners(target: str, device: str | None = None) -> dict:
+    """Each trained agent (selected checkpoint) of a run, or of every seed of a sweep, with each scripted partner
+    (module docstring), greedy, on the run's test start states. Writes TARGET/partners.json and partners.md."""
     t0 = time.perf_counter()
     if not os.path.isdir(target):
         raise plumbing.InputError(f"{target}: not a folder; expected a run or sweep folder of train.py")
@@ -875,37 +798,37 @@ def held_out_partners(target: str, device: str | None = None) -> dict:
     library = make_library(probe)
     seeds = envs.split_seeds(probe, "test", config["eval_episodes"])
     reference = partner_reference(probe, library, seeds)
-    names = list(reference["partners"])
-    for name in names:
-        print(f"partner {name} with the standard partner: {reference['partners'][name][0]:.3f} in seat 1, "
-              f"{reference['partners'][name][1]:.3f} in seat 2 (standard team {reference['standard_team']:.3f})")
+    standard = reference["standard_team"]
+    for name, (seat1, seat2) in reference["partners"].items():
+        print(f"partner {name} with the standard partner: {seat1:.3f} in seat 1, {seat2:.3f} in seat 2 (standard "
+              f"team {standard:.3f})")
     policy = run_policy(config, device)
     rows = []
     for run in runs:
         task = run_task(run["dir"], run["config"])
         policy.load_adapters(run["adapters"])
-        for seat in range(2):  # the trained agent's own seat; the partner plays the other
-            filters = [task.menu_filter if k == seat else None for k in range(2)]  # partners see whole menus
-            played = Task(task.new_game, task.library, seat_filter(filters))
-            for name in names:
+        for seat in range(2):  # the trained agent's own seat (its guards); the partner plays the other (whole menus)
+            played = Task(task.new_game, task.library, seat_filter([task.menu_filter if k == seat else None
+                                                                    for k in range(2)]))
+            for name in reference["partners"]:
                 agents = [policy.agents[k] if k == seat else variant_choice(name) for k in range(2)]
-                score = mean_score(greedy_episodes(policy, played, seeds, agents, run["config"]["seed"]))
+                runners, _ = eval_play(policy, played, seeds, agents, run["config"]["seed"])
+                score = mean_score(policy_lib.episodes(runners))
                 rows.append({"seed": run["seed"], "trained_agent": seat + 1, "partner": name, "score": score,
-                             "normalized": score / reference["standard_team"] if reference["standard_team"] else 0.0,
+                             "normalized": score / standard if standard else 0.0,
                              "evidence": partner_solves(reference, name, 1 - seat)})
                 print(f"seed {run['seed']}: trained agent {seat + 1} with {name}: score {score:.3f}", flush=True)
     summary = {}
-    for name in names:
+    for name in reference["partners"]:
         mine = [r for r in rows if r["partner"] == name and r["evidence"]]
         summary[name] = {"both": plumbing.mean_and_ci([r["normalized"] for r in mine]),
                          "competent": sum(r["normalized"] >= COMPETENT for r in mine), "pairings": len(mine),
-                         **{f"agent{k + 1}": plumbing.mean_and_ci([r["normalized"] for r in mine
-                                                                   if r["trained_agent"] == k + 1])
-                            for k in range(2)}}
+                         **{f"agent{k}": plumbing.mean_and_ci([r["normalized"] for r in mine
+                                                               if r["trained_agent"] == k]) for k in (1, 2)}}
     out = {"target": target, "game": config["game"], "layout": config["layout"], "test_states": len(seeds),
            "seeds": [run["seed"] for run in runs], "reference": reference,
            "partners": {name: library.variants.get(name, "options.scripted_choice(): the project's scripted "
-                                                          "teammate") for name in names},
+                                                          "teammate") for name in reference["partners"]},
            "summary": summary, "rows": rows, "seconds": round(time.perf_counter() - t0, 1)}
     plumbing.write_json(os.path.join(target, "partners.json"), out)
     plumbing.write_file(os.path.join(target, "partners.md"), partners_markdown(out))
@@ -933,9 +856,9 @@ def partners_markdown(out: dict) -> str:
               f"competent: >= {COMPETENT}.", "",
               "| partner | trained agent 1 (partner in seat 2) | trained agent 2 (partner in seat 1) | both | "
               "competent pairings |", "| --- | --- | --- | --- | --- |"]
-    for name, s in out["summary"].items():
-        lines.append(f"| {name} | {plumbing.mean_ci(s['agent1'])} | {plumbing.mean_ci(s['agent2'])} | "
-                     f"{plumbing.mean_ci(s['both'])} | {s['competent']}/{s['pairings']} |")
+    lines += [f"| {name} | {plumbing.mean_ci(s['agent1'])} | {plumbing.mean_ci(s['agent2'])} | "
+              f"{plumbing.mean_ci(s['both'])} | {s['competent']}/{s['pairings']} |"
+              for name, s in out["summary"].items()]
     lines += ["", "| seed | trained agent | partner | score | normalized | evidence |", "|" + " --- |" * 6]
     lines += [f"| {r['seed']} | {r['trained_agent']} | {r['partner']} | {r['score']:.3f} | {r['normalized']:.3f} | "
               f"{'yes' if r['evidence'] else 'no'} |" for r in out["rows"]]
@@ -945,35 +868,30 @@ def partners_markdown(out: dict) -> str:
 def main(argv: Sequence[str] | None = None) -> None:
     parser = plumbing.ArgumentParser(description="Behavioral audits: who does the work, and what each agent "
                                                  "is worth counterfactually.")
-    parser.add_argument("--reference", action="store_true",
-                        help="audit the scripted coop and solo teams on every built-in layout")
-    parser.add_argument("--final", nargs="+", metavar="RUN_DIR",
-                        help="one table row per run folder from the audit train.py wrote at its final evaluation")
-    parser.add_argument("run_dir", nargs="?", help="a train.py run folder: audit its snapshots over training")
-    parser.add_argument("--seeds", type=plumbing.number(1, 100_000, integer=True), default=10,
-                        help="episodes: the first N distinct test start states of each layout")
-    parser.add_argument("--temperature", type=plumbing.number(0, 100), default=0.0,
-                        help="a run's teams: 0 plays them greedily (audit.*), T > 0 samples at T (audit_T{T}.*)")
-    parser.add_argument("--device", default=None, help="a run's audit: cpu, cuda or cuda:N (default: the run's)")
-    parser.add_argument("--decoupling", nargs="+", metavar="LABEL=SWEEP",
-                        help="the decoupling figure of sweeps whose runs were audited over training, e.g. "
-                             "solo=runs/coop_push-small_boxes-seeds coop=runs/coop_push-heavy_only-seeds")
-    parser.add_argument("--figure", default="decoupling.png", help="where --decoupling writes its PNG")
-    parser.add_argument("--margins", metavar="RUN_DIR", help="greedy play of a run's final adapters on test start "
-                        "states: entropy, argmax margin and failed-choice streaks per decision (margins.jsonl/md)")
-    parser.add_argument("--replay", metavar="RUN_DIR", help="the final adapters' greedy episode on the run's first "
-                        "test start state: RUN_DIR/replay.txt and replay.gif (as train.py's final audit writes them)")
-    parser.add_argument("--episode", type=plumbing.number(1, 100_000, integer=True), default=None,
-                        help="--replay: the K-th test start state instead of the first (replay_testK.txt/gif)")
-    parser.add_argument("--cross-play", metavar="SWEEP", help="agent 1 of every seed of a train.py --seeds sweep with "
-                        "agent 2 of every seed, greedy, on the test start states (SWEEP/crossplay.json, .md, .png; "
-                        "crossplay_replay.txt, .gif: the worst failed cross pair's worst episode)")
-    parser.add_argument("--last", action="store_true",
-                        help="--cross-play: the last adapters instead of the selected checkpoints (crossplay_last.*)")
-    parser.add_argument("--partners", metavar="RUN_OR_SWEEP", help="each trained agent (selected checkpoint) with the "
-                        "standard and the held-out scripted partners in the other seat (partners.json, .md)")
-    parser.add_argument("--variants", action="store_true", help="each held-out scripted partner with the standard "
-                        "one, either seat, on every built-in layout (its first --seeds test start states)")
+    add = parser.add_argument
+    add("run_dir", nargs="?", help="a train.py run folder: audit its frozen base and snapshots over training")
+    add("--reference", action="store_true", help="audit the scripted coop and solo teams on every built-in layout")
+    add("--final", nargs="+", metavar="RUN_DIR", help="one table row per run folder from train.py's final audit")
+    add("--seeds", type=plumbing.number(1, 100_000, integer=True), default=10,
+        help="episodes: the first N distinct test start states of each layout")
+    add("--temperature", type=plumbing.number(0, 100), default=0.0,
+        help="a run's teams: 0 plays them greedily (audit.*), T > 0 samples at T (audit_T{T}.*)")
+    add("--device", help="a run's audit: cpu, cuda or cuda:N (default: the run's)")
+    add("--decoupling", nargs="+", metavar="LABEL=SWEEP", help="the decoupling figure of sweeps audited over "
+        "training, e.g. solo=runs/coop_push-small_boxes-seeds coop=runs/coop_push-heavy_only-seeds")
+    add("--figure", default="decoupling.png", help="where --decoupling writes its PNG")
+    add("--margins", metavar="RUN_DIR", help="greedy decisions of the final adapters: entropy, argmax margin, failed "
+        "streaks (margins.jsonl/md)")
+    add("--replay", metavar="RUN_DIR", help="redraw the final adapters' greedy episode (RUN_DIR/replay.txt, .gif)")
+    add("--episode", type=plumbing.number(1, 100_000, integer=True),
+        help="--replay: the K-th test start state instead of the first (replay_testK.txt/gif)")
+    add("--cross-play", metavar="SWEEP", help="agent 1 of every seed of a train.py --seeds sweep with agent 2 of every "
+        "seed (SWEEP/crossplay.json, .md, .png; crossplay_replay.txt/gif: the worst failed cross pair's worst episode)")
+    add("--last", action="store_true", help="--cross-play: the last adapters, not the selected checkpoints")
+    add("--partners", metavar="RUN_OR_SWEEP", help="each trained agent (selected checkpoint) with the standard and "
+        "the held-out scripted partners in the other seat (partners.json, .md)")
+    add("--variants", action="store_true", help="each held-out scripted partner with the standard one, either seat, "
+        "on every built-in layout")
     cli = parser.parse_args(argv)
     if cli.episode is not None and not cli.replay:
         raise plumbing.InputError(f"--episode {cli.episode} applies to --replay RUN_DIR only")
@@ -1015,11 +933,10 @@ def main(argv: Sequence[str] | None = None) -> None:
             raise plumbing.InputError(f"{cli.run_dir}: not a folder; expected a run folder of train.py")
         audit_run(cli.run_dir, cli.seeds, cli.temperature, cli.device)
     elif cli.final:
-        rows = final_audit_rows(cli.final)
-        print(table(rows, ["game", "layout", "solo_layout", "model", "advantage"] + default_columns(2)))
+        print(table(final_audit_rows(cli.final), ["game", "layout", "solo_layout", "model", "advantage"]
+                    + default_columns(2)))
     elif cli.reference:
-        columns = ["game", "layout", "team", "solo_layout"] + default_columns(2)
-        print(table(reference_audits(cli.seeds), columns))
+        print(table(reference_audits(cli.seeds), ["game", "layout", "team", "solo_layout"] + default_columns(2)))
     else:
         parser.print_help()
 
