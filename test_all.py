@@ -1279,8 +1279,8 @@ def test_shaped_rewards_add_to_the_credited_returns_with_their_weight():
 
 def test_shaping_weight_falls_linearly_to_zero_and_only_kitchen_accepts_it():
     args = train.Args(game="kitchen", shaping=1.0, iterations=5)
-    assert [train.shaping_weight(args, it) for it in range(5)] == [1.0, 0.75, 0.5, 0.25, 0.0]
-    assert train.shaping_weight(train.Args(), 3) == 0.0  # the default: none
+    assert [train.scheduled(args, it).shaping for it in range(5)] == [1.0, 0.75, 0.5, 0.25, 0.0]
+    assert train.scheduled(train.Args(), 3).shaping == 0.0  # the default: none
     assert train.parse_args(["--game", "kitchen", "--shaping", "1"])[0].shaping == 1.0
     with pytest.raises(plumbing.InputError, match=re.escape("--shaping 1: coop_push has no shaped rewards; expected 0, "
                                                        "or a game with them: kitchen")):
@@ -2939,8 +2939,8 @@ def test_greedy_margins_report_argmax_margins_and_failed_streaks():
 
 def test_temperature_decay_falls_linearly_to_its_fraction_at_the_last_iteration():
     args = train.Args(temperature=1.0, temperature_decay=0.5, iterations=5)
-    assert [train.sampling_temperature(args, it) for it in range(5)] == [1.0, 0.875, 0.75, 0.625, 0.5]
-    assert train.sampling_temperature(train.Args(), 17) == 1.0  # the default: constant
+    assert [train.scheduled(args, it).temperature for it in range(5)] == [1.0, 0.875, 0.75, 0.625, 0.5]
+    assert train.scheduled(train.Args(), 17).temperature == 1.0  # the default: constant
 
 
 def test_greedy_rollouts_play_the_argmax_and_the_rest_sample():

@@ -223,28 +223,13 @@ def restore(args: Args, run: plumbing.RunFolder, policy, optimizers: dict, guard
 
 
 def scheduled(args: Args, it: int) -> pamagrpo.Config:
-    """The algorithm's hyperparameters at iteration `it`: Args' own, with the scheduled T and w."""
+    """The algorithm's hyperparameters at iteration `it`: Args' own, with two linear schedules from the first
+    iteration to the last: the rollouts' T falls to --temperature x --temperature-decay, and the shaping weight w
+    to 0 (as Carroll et al. 2019 anneal Overcooked-AI's shaping away), so late updates learn from the team reward."""
+    progress = it / max(1, args.iterations - 1)  # 0 at the first iteration, 1 at the last
     values = {f.name: getattr(args, f.name) for f in dataclasses.fields(pamagrpo.Config)}
-    return pamagrpo.Config(**{**values, "temperature": sampling_temperature(args, it),
-                              "shaping": shaping_weight(args, it)})
-
-
-def schedule_progress(args: Args, it: int) -> float:
-    """How far training is at iteration `it`: 0 at the first iteration, 1 at the last (the linear schedules)."""
-    return it / max(1, args.iterations - 1)
-
-
-def sampling_temperature(args: Args, it: int) -> float:
-    """The rollouts' temperature at iteration `it`: --temperature, falling linearly to --temperature x
-    --temperature-decay at the last iteration."""
-    return args.temperature * (1 - (1 - args.temperature_decay) * schedule_progress(args, it))
-
-
-def shaping_weight(args: Args, it: int) -> float:
-    """The weight of the shaped rewards at iteration `it`: --shaping at the first iteration, falling linearly to 0
-    at the last (as Carroll et al. 2019 anneal Overcooked-AI's shaping away), so late updates learn from the
-    team reward alone."""
-    return args.shaping * (1 - schedule_progress(args, it))
+    return pamagrpo.Config(**{**values, "temperature": args.temperature * (1 - (1 - args.temperature_decay) * progress),
+                              "shaping": args.shaping * (1 - progress)})
 
 
 def seed_everything(seed: int) -> None:
