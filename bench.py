@@ -14,27 +14,44 @@ Speed is measured here and reported in the README, never asserted by timed tests
 from __future__ import annotations
 
 import argparse
+import collections
 import contextlib
 import functools
+import itertools
 import json
+import subprocess
+import sys
 import time
 
 import numpy as np
+import torch
+from torch.profiler import ProfilerActivity, profile, record_function
 
 import envs
+import guards as guard_lib
 import options
+import pamagrpo
 import plumbing
+import policy as policy_lib
+import train
 
-DEVICE = "cpu"  # where the LLM sections run (--device); every row names it (device_name)
+MODELS = ("tiny", "smollm2-135m")  # --models' default
+DTYPES = ("float32", "bfloat16")  # what --dtypes accepts, and its default
+BACKBONES = ("smollm2-135m", "gemma3-270m", "qwen2.5-coder-0.5b")  # the presets (--only backbones)
+PROFILE_SCOPES = ("rollout", "update: base pass", "update: gradient pass", "update: backward", "update: optimizer")
 
 
 def device_name(device: str) -> str:
     """'cpu (AVX512)' or the GPU's name, so a figure always says what produced it."""
-    import torch
-
     if device.startswith("cuda"):
         return torch.cuda.get_device_name(torch.device(device))
     return f"cpu ({torch.backends.cpu.get_cpu_capability()}, {torch.get_num_threads()} threads)"
+
+
+def profile_dtype(args: argparse.Namespace) -> str:
+    """The dtype `--dtype auto` picks where it is among --dtypes, else the last of them."""
+    auto = plumbing.auto_dtype(args.device)
+    return auto if auto in args.dtypes else args.dtypes[-1]
 
 
 def bench_env(game_name: str, steps: int, seed: int = 0) -> float:
@@ -42,8 +59,7 @@ def bench_env(game_name: str, steps: int, seed: int = 0) -> float:
     game = envs.make_game(game_name, None, seed)
     rng = np.random.default_rng(seed)
     joint = rng.integers(0, len(envs.ACTIONS), size=(steps, game.n_agents)).tolist()
-    episode = 0
-    start = time.perf_counter()
+    episode, start = 0, time.perf_counter()
     for actions in joint:
         if game.done:
             episode += 1
@@ -67,11 +83,11 @@ def bench_runner(game_name: str, episodes: int, seed: int = 0) -> tuple[float, f
     return steps / elapsed, decisions / elapsed
 
 
-def section_env(quick: bool) -> dict:
+def section_env(args: argparse.Namespace) -> dict:
     out = {}
     for name in envs.GAMES:
-        steps_per_s = bench_env(name, 50_000 if quick else 200_000)
-        runner_steps, runner_decisions = bench_runner(name, 50 if quick else 200)
+        steps_per_s = bench_env(name, 50_000 if args.quick else 200_000)
+        runner_steps, runner_decisions = bench_runner(name, 50 if args.quick else 200)
         out[name] = {"env_steps_per_s": round(steps_per_s), "runner_steps_per_s": round(runner_steps),
                      "runner_decisions_per_s": round(runner_decisions)}
     return out
@@ -87,15 +103,11 @@ def print_env(result: dict) -> None:
 def real_decisions(policy, game_name: str, n: int, seed: int = 0, feedback: bool = False) -> list:
     """n real decisions of the default layout (guarded menus, random options), both agents; a group's
     rollouts share their start state, so about one decision in four repeats one already seen."""
-    import guards as guard_lib
-    import policy as policy_lib
-
     game = envs.make_game(game_name, None, seed)
     library = options.make_library(game, feedback=feedback)
     guard = guard_lib.cached_guards(game, library, guard_lib.BurnInSettings(), str(plumbing.cache_root() / "guards"))
     rng = np.random.default_rng(seed)
-    out = []
-    episode = 0
+    out, episode = [], 0
     while len(out) < n:
         game.reset(seed + episode // 4)  # four rollouts per start state
         runner = options.Runner(game, library, guard.menu_filter)
@@ -111,19 +123,15 @@ def real_decisions(policy, game_name: str, n: int, seed: int = 0, feedback: bool
     return out[:n]
 
 
-def llm_policy(model: str, dtype: str, scoring: str = "text"):
-    import policy as policy_lib
-
-    network, tokenizer = plumbing.load_backbone(model, DEVICE, dtype)
+def llm_policy(model: str, dtype: str, device: str, scoring: str = "text") -> policy_lib.MenuPolicy:
+    network, tokenizer = plumbing.load_backbone(model, device, dtype)
     return policy_lib.MenuPolicy(network, tokenizer, ["agent0", "agent1"], scoring=scoring)
 
 
-def bench_scoring(model: str, n: int, dtype: str = "float32", scoring: str = "text") -> dict:
+def bench_scoring(model: str, n: int, dtype: str, device: str, scoring: str = "text") -> dict:
     """Decisions/s of the batched scorer (prefix shared by the options, duplicates computed once, many
     decisions per forward) vs the naive one-option-at-a-time scorer, on the same real decisions."""
-    import policy as policy_lib
-
-    policy = llm_policy(model, dtype, scoring)
+    policy = llm_policy(model, dtype, device, scoring)
     decisions = real_decisions(policy, "coop_push", n)
     policy.menu_log_probs(decisions[:2])  # warm-up
     start, tokens = time.perf_counter(), policy.tokens_processed
@@ -133,27 +141,18 @@ def bench_scoring(model: str, n: int, dtype: str = "float32", scoring: str = "te
     naive = [policy_lib.naive_menu_log_probs(policy, d) for d in decisions]
     naive_s = time.perf_counter() - start
     prompt_tokens = [len(policy.tokenize_decision(d)[0]) for d in decisions]
-    return {"device": device_name(DEVICE), "model": model, "dtype": dtype, "scoring": scoring, "decisions": n,
-            "unique": len(set(decisions)),
-            "prompt_tokens": float(np.mean(prompt_tokens)), "options": float(np.mean([len(d.menu) for d in decisions])),
-            "batched_per_s": n / batched_s, "tokens_per_s": tokens / batched_s, "naive_per_s": n / naive_s,
-            "speedup": naive_s / batched_s,
+    return {"device": device_name(device), "model": model, "dtype": dtype, "scoring": scoring, "decisions": n,
+            "unique": len(set(decisions)), "prompt_tokens": float(np.mean(prompt_tokens)),
+            "options": float(np.mean([len(d.menu) for d in decisions])), "batched_per_s": n / batched_s,
+            "tokens_per_s": tokens / batched_s, "naive_per_s": n / naive_s, "speedup": naive_s / batched_s,
             "max_abs_diff": max(float((a - b).abs().max()) for a, b in zip(batched, naive))}
 
 
-def coop_push_iteration(model: str, dtype: str, lora_layers: int, start_states: int, group_size: int,
+def coop_push_iteration(model: str, dtype: str, device: str, lora_layers: int, start_states: int, group_size: int,
                         profiler=None) -> tuple[dict, int, int]:
     """One real PA-MAGRPO iteration on coop_push/classic from the first training start states (guards from the
-    cache), inside `profiler` when one is given (a torch.profiler context); returns (the iteration's metrics,
-    the number of adapted layers, the vocabulary size)."""
-    import contextlib
-
-    import guards as guard_lib
-    import pamagrpo
-    import policy as policy_lib
-    import train
-
-    network, tokenizer = plumbing.load_backbone(model, DEVICE, dtype)
+    cache), inside `profiler` (a torch.profiler context) if given: (its metrics, adapted layers, vocabulary size)."""
+    network, tokenizer = plumbing.load_backbone(model, device, dtype)
     layers = min(lora_layers, network.config.num_hidden_layers - 1)  # keep a trunk on small models
     policy = policy_lib.MenuPolicy(network, tokenizer, ["agent0", "agent1"], policy_lib.LoRA(layers=layers))
     game = envs.make_game("coop_push", None, 0)
@@ -168,57 +167,44 @@ def coop_push_iteration(model: str, dtype: str, lora_layers: int, start_states: 
     return record, layers or network.config.num_hidden_layers, network.get_output_embeddings().weight.shape[0]
 
 
-def bench_train(model: str, dtype: str, lora_layers: int, start_states: int = 1, group_size: int = 4) -> dict:
-    """One real PA-MAGRPO iteration on coop_push (start_states x group_size rollouts, then the update):
-    decisions per second in the rollouts and in the update (base pass + forward + backward + step), and the
-    iteration's wall time."""
-    record, layers, _ = coop_push_iteration(model, dtype, lora_layers, start_states, group_size)
+def bench_train(model: str, dtype: str, device: str, lora_layers: int, start_states: int, group_size: int) -> dict:
+    """One real PA-MAGRPO iteration on coop_push (start_states x group_size rollouts, then the update): decisions
+    per second in the rollouts and in the update (base pass + forward + backward + step), and its wall time."""
+    record, layers, _ = coop_push_iteration(model, dtype, device, lora_layers, start_states, group_size)
     n = record["rollout/decisions"]
-    return {"device": device_name(DEVICE), "model": model, "dtype": dtype, "lora_layers": layers,
+    return {"device": device_name(device), "model": model, "dtype": dtype, "lora_layers": layers,
             "groups": f"{start_states}x{group_size}", "decisions": n, "rollout_per_s": n / record["time/rollout_s"],
             "update_per_s": n / record["time/update_s"], "iteration_s": record["time/iteration_s"]}
 
 
-BACKBONES = ["smollm2-135m", "gemma3-270m", "qwen2.5-coder-0.5b"]  # the presets (--only backbones)
-
-
-def bench_backbone(model: str, dtype: str) -> dict:
+def bench_backbone(model: str, dtype: str, device: str) -> dict:
     """One backbone in this process: load time (from the converted cache), size, packed menu scoring (decisions and
     tokens a second), one PA-MAGRPO iteration of train.py's defaults on coop_push (1 start state x 4 rollouts,
     top 4 layers adapted), and the process's peak resident memory (VmHWM: every phase above included)."""
     start = time.perf_counter()
-    network, tokenizer = plumbing.load_backbone(model, DEVICE, dtype)
-    load_s, parameters, vocabulary = time.perf_counter() - start, sum(p.numel() for p in network.parameters()), \
-        len(tokenizer)
+    network, tokenizer = plumbing.load_backbone(model, device, dtype)
+    load_s, parameters = time.perf_counter() - start, sum(p.numel() for p in network.parameters())
     del network
-    scoring = bench_scoring(model, 16, dtype)
-    record, _, _ = coop_push_iteration(model, dtype, 4, 1, 4)
+    scoring = bench_scoring(model, 16, dtype, device)
+    record, _, _ = coop_push_iteration(model, dtype, device, 4, 1, 4)
     with open("/proc/self/status") as f:
         peak_kib = next(int(line.split()[1]) for line in f if line.startswith("VmHWM:"))
-    return {"device": device_name(DEVICE), "model": model, "dtype": dtype, "parameters_M": parameters / 1e6,
-            "vocabulary": vocabulary, "load_s": load_s, "scoring_decisions_per_s": scoring["batched_per_s"],
+    return {"device": device_name(device), "model": model, "dtype": dtype, "parameters_M": parameters / 1e6,
+            "vocabulary": len(tokenizer), "load_s": load_s, "scoring_decisions_per_s": scoring["batched_per_s"],
             "scoring_tokens_per_s": scoring["tokens_per_s"], "iteration_s": record["time/iteration_s"],
             "peak_rss_GiB": peak_kib / 2**20}
 
 
-def section_backbone(quick: bool) -> list:
-    return [bench_backbone(m, d) for m in MODELS for d in DTYPES]
+def section_backbone(args: argparse.Namespace) -> list:
+    return [bench_backbone(m, d, args.device) for m, d in itertools.product(args.models, args.dtypes)]
 
 
-def section_backbones(quick: bool) -> list:
-    """bench_backbone for each preset, each in a process of its own (so each peak memory is its own), in the dtype
-    --dtype auto picks where it is among --dtypes."""
-    import subprocess
-    import sys
-
-    import torch
-
-    auto = plumbing.auto_dtype(DEVICE)
-    dtype = auto if auto in DTYPES else DTYPES[-1]
+def section_backbones(args: argparse.Namespace) -> list:
+    """bench_backbone for each preset, each in a process of its own (so each peak memory is its own)."""
     rows = []
     for model in BACKBONES:
-        out = subprocess.run([sys.executable, __file__, "--only", "backbone", "--models", model, "--dtypes", dtype,
-                              "--device", DEVICE, "--threads", str(torch.get_num_threads()), "--json"],
+        out = subprocess.run([sys.executable, __file__, "--only", "backbone", "--models", model, "--dtypes",
+                              profile_dtype(args), "--device", args.device, "--threads", str(args.threads), "--json"],
                              capture_output=True, text=True)
         if out.returncode != 0:
             raise plumbing.InputError(f"backbone {model}: {(out.stderr.strip().splitlines() or ['failed'])[-1]}")
@@ -226,21 +212,10 @@ def section_backbones(quick: bool) -> list:
     return rows
 
 
-PROFILE_SCOPES = ("rollout", "update: base pass", "update: gradient pass", "update: backward", "update: optimizer")
-
-
 @contextlib.contextmanager
 def profile_scopes():
-    """Name the phases of an iteration for torch.profiler by wrapping the functions that run them (the method
-    itself carries no profiler code): rollout (pamagrpo.play), the update's base pass, gradient passes,
-    backward and optimizer steps, and inside every scoring the layers (MenuPolicy.forward_layers) and the
-    vocabulary head (MenuPolicy.head_logits and the gather of the option tokens' log-probs)."""
-    import torch
-    from torch.profiler import record_function
-
-    import pamagrpo
-    import policy as policy_lib
-
+    """Name for torch.profiler the phases of an iteration (PROFILE_SCOPES) and, inside every scoring, the layers and
+    the vocabulary head, by wrapping the functions that run them (the method itself carries no profiler code)."""
     in_update = [False]
 
     def scoped(owner, name: str, label) -> None:
@@ -248,9 +223,7 @@ def profile_scopes():
 
         def wrapper(*args, **kwargs):
             scope = label(*args, **kwargs)
-            if scope is None:
-                return original(*args, **kwargs)
-            with record_function(scope):
+            with record_function(scope) if scope else contextlib.nullcontext():
                 return original(*args, **kwargs)
 
         patched.append((owner, name, original))
@@ -263,8 +236,8 @@ def profile_scopes():
         finally:
             in_update[0] = False
 
-    patched: list = []
     original_update = pamagrpo.update
+    patched = [(pamagrpo, "update", original_update)]
     pamagrpo.update = update
     scoped(pamagrpo, "play", lambda *a, **k: "rollout")
     scoped(policy_lib.MenuPolicy, "menu_log_probs", lambda *a, grad=False, **k: None if not in_update[0] else
@@ -277,32 +250,22 @@ def profile_scopes():
     try:
         yield
     finally:
-        pamagrpo.update = original_update
         for owner, name, original in reversed(patched):
             setattr(owner, name, original)
 
 
-def bench_profile(model: str, dtype: str) -> list[dict]:
-    """Where one PA-MAGRPO iteration of train.py's defaults (coop_push, B x G = 2 x 4, adapters on the top 4
-    layers) spends its time, from a torch.profiler trace of the scopes profile_scopes() names: rollout
-    (layers, vocabulary head, Python and game), update (base pass, gradient pass forward, backward,
-    optimizer; layers vs head inside each). Backward ops count as head when an input has the vocabulary's
-    size. The profiler's own overhead is included, so shares are what to compare, not seconds."""
-    from torch.profiler import ProfilerActivity, profile
-
-    import train
-
+def bench_profile(model: str, dtype: str, device: str) -> list[dict]:
+    """Where one PA-MAGRPO iteration of train.py's defaults (coop_push, B x G = 2 x 4, adapters on the top 4 layers)
+    spends its time, from a torch.profiler trace of the scopes profile_scopes() names, layers vs head inside each
+    (backward ops count as head when an input has the vocabulary's size). The profiler's own overhead is included,
+    so shares are what to compare, not seconds."""
     defaults = train.Args()
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if DEVICE.startswith("cuda") else [])
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.startswith("cuda") else [])
     prof = profile(activities=activities, record_shapes=True)
     with profile_scopes():
-        record, _, vocab = coop_push_iteration(model, dtype, defaults.lora_layers, defaults.start_states,
+        record, _, vocab = coop_push_iteration(model, dtype, device, defaults.lora_layers, defaults.start_states,
                                                defaults.group_size, prof)
-    seconds: dict[tuple[str, str], float] = {}
-
-    def add(phase: str, part: str, us: float) -> None:
-        seconds[phase, part] = seconds.get((phase, part), 0.0) + us / 1e6
-
+    seconds: dict[tuple[str, str], float] = collections.defaultdict(float)
     for event in prof.events():
         chain, parent = [], event.cpu_parent
         while parent is not None:
@@ -312,37 +275,32 @@ def bench_profile(model: str, dtype: str) -> list[dict]:
         if phase is None or any(n in ("layers", "head") for n in chain):
             continue  # outside the scopes, or already counted by an enclosing layers/head scope
         if event.name == phase:
-            add(phase, "total", event.cpu_time_total)
+            seconds[phase, "total"] += event.cpu_time_total / 1e6
         elif event.name in ("layers", "head"):
-            add(phase, event.name, event.cpu_time_total)
+            seconds[phase, event.name] += event.cpu_time_total / 1e6
         elif phase == "update: backward":  # autograd runs outside the forward scopes: tell the head by shape
             head = any(vocab in (shape or []) for shape in event.input_shapes or [])
-            add(phase, "head" if head else "layers", event.self_cpu_time_total)
+            seconds[phase, "head" if head else "layers"] += event.self_cpu_time_total / 1e6
     rows = []
     for phase in PROFILE_SCOPES:
-        total = seconds.get((phase, "total"), 0.0)
         parts = [p for p in ("layers", "head") if (phase, p) in seconds]
-        for part in parts:
-            rows.append({"phase": phase, "part": part, "seconds": seconds[phase, part]})
-        rest = total - sum(seconds[phase, p] for p in parts)
+        rows += [{"phase": phase, "part": part, "seconds": seconds[phase, part]} for part in parts]
+        rest = seconds.get((phase, "total"), 0.0) - sum(seconds[phase, p] for p in parts)
         rows.append({"phase": phase, "part": "Python, game and the rest" if parts else "all", "seconds": rest})
     whole = sum(r["seconds"] for r in rows)
     for r in rows:
-        r.update(share=r["seconds"] / whole, device=device_name(DEVICE), model=model, dtype=dtype,
+        r.update(share=r["seconds"] / whole, device=device_name(device), model=model, dtype=dtype,
                  decisions=record["rollout/decisions"])
     return rows
 
 
-MODELS = ["tiny", "smollm2-135m"]
-
-
-def section_prompts(quick: bool) -> list:
+def section_prompts(args: argparse.Namespace) -> list:
     """Prompt tokens (SmolLM2 tokenizer; the tiny model shares it) of real decisions of each default layout, and
     the tokens of a packed row and its head rows with the options flat or as a token tree (policy.py)."""
-    policy = llm_policy("tiny", "float32")
+    policy = llm_policy("tiny", "float32", args.device)
     rows = []
     for game_name, feedback in [(g, False) for g in envs.GAMES] + [("kitchen", True)]:
-        decisions = real_decisions(policy, game_name, 32 if quick else 128, feedback=feedback)
+        decisions = real_decisions(policy, game_name, 32 if args.quick else 128, feedback=feedback)
         tokenized = [policy.tokenize_decision(d) for d in decisions]  # (prompt ids, option ids)
         tokens = [len(prompt) for prompt, _ in tokenized]
         # a packed row: the prompt, then every option flat or as a token tree (shared leading tokens once); head
@@ -352,57 +310,44 @@ def section_prompts(quick: bool) -> list:
         head_flat = [1 + sum(len(x) - 1 for x in o) for _, o in tokenized]
         head_tree = [1 + len({tuple(x[:t]) for x in o for t in range(1, len(x))}) for _, o in tokenized]
         rows.append({"game": game_name + (" --feedback failures" if feedback else ""), "decisions": len(decisions),
-                     "mean_prompt_tokens": float(np.mean(tokens)),
-                     "max_prompt_tokens": max(tokens),
+                     "mean_prompt_tokens": float(np.mean(tokens)), "max_prompt_tokens": max(tokens),
                      "mean_options": float(np.mean([len(d.menu) for d in decisions])),
                      "row_tokens_flat": float(np.mean(flat)), "row_tokens_tree": float(np.mean(tree)),
                      "head_rows_flat": float(np.mean(head_flat)), "head_rows_tree": float(np.mean(head_tree))})
     return rows
 
 
-DTYPES = ["float32", "bfloat16"]
-
-
-def section_dtype(quick: bool) -> list:
+def section_dtype(args: argparse.Namespace) -> list:
     """One no-grad forward of 8 sequences of 200 tokens per dtype: whether this CPU computes bfloat16
     natively (fast) or emulates it (slow), which is what `--dtype auto` in train.py decides from CPU flags."""
-    import torch
-
-
     tokens = torch.randint(0, 1000, (8, 200), generator=torch.Generator().manual_seed(0))
-    repeats = 1 if quick else 3
+    repeats = 1 if args.quick else 3
     rows = []
-    for model in MODELS:
-        for dtype in DTYPES:
-            network, _ = plumbing.load_backbone(model, "cpu", dtype)
-            with torch.no_grad():
-                network(tokens)  # warm-up
-                start = time.perf_counter()
-                for _ in range(repeats):
-                    network(tokens)
-            rows.append({"model": model, "dtype": dtype, "forward_s": (time.perf_counter() - start) / repeats,
-                         "cpu": torch.backends.cpu.get_cpu_capability(), "auto": plumbing.auto_dtype("cpu")})
+    for model, dtype in itertools.product(args.models, args.dtypes):
+        network, _ = plumbing.load_backbone(model, "cpu", dtype)
+        with torch.no_grad():
+            network(tokens)  # warm-up
+            start = time.perf_counter()
+            for _ in range(repeats):
+                network(tokens)
+        rows.append({"model": model, "dtype": dtype, "forward_s": (time.perf_counter() - start) / repeats,
+                     "cpu": torch.backends.cpu.get_cpu_capability(), "auto": plumbing.auto_dtype("cpu")})
     return rows
 
 
-def section_scoring(quick: bool) -> list:
-    n = 16 if quick else 48
-    return [bench_scoring(m, n, dtype) for m in MODELS for dtype in DTYPES if m != "tiny" or dtype == "float32"]
+def section_scoring(args: argparse.Namespace) -> list:
+    return [bench_scoring(m, 16 if args.quick else 48, d, args.device)
+            for m, d in itertools.product(args.models, args.dtypes) if m != "tiny" or d == "float32"]
 
 
-GROUPS = [(1, 4)]  # (start states, group size) of the train section (--groups)
-
-
-def section_train(quick: bool) -> dict:
+def section_train(args: argparse.Namespace) -> dict:
     """The training step: adapters on every layer (0) vs the top 4 layers (trunk cached and replayed), for each
     --groups size (start states x rollouts); then a profile of one iteration of train.py's defaults per model
     (in the dtype --dtype auto picks where it is among --dtypes)."""
-
-    dtypes = DTYPES[-1:] if quick else DTYPES
-    steps = [bench_train(m, dtype, layers, b, g) for m in MODELS for dtype in dtypes for layers in (0, 4)
-             for b, g in GROUPS]
-    auto = plumbing.auto_dtype(DEVICE)
-    profiled = [r for m in MODELS for r in bench_profile(m, auto if auto in DTYPES else DTYPES[-1])]
+    dtypes = args.dtypes[-1:] if args.quick else args.dtypes
+    steps = [bench_train(m, d, args.device, layers, b, g) for m, d in itertools.product(args.models, dtypes)
+             for layers in (0, 4) for b, g in args.groups]
+    profiled = [r for m in args.models for r in bench_profile(m, profile_dtype(args), args.device)]
     return {"steps": steps, "profile": profiled}
 
 
@@ -423,10 +368,9 @@ def print_rows(rows: list) -> None:
 
 
 SECTIONS = {"env": (section_env, print_env), "prompts": (section_prompts, print_rows),
-            "dtype": (section_dtype, print_rows),
-            "scoring": (section_scoring, print_rows),
-            "train": (section_train, print_train),
-            "backbone": (section_backbone, print_rows), "backbones": (section_backbones, print_rows)}
+            "dtype": (section_dtype, print_rows), "scoring": (section_scoring, print_rows),
+            "train": (section_train, print_train), "backbone": (section_backbone, print_rows),
+            "backbones": (section_backbones, print_rows)}
 ON_REQUEST = ("backbone", "backbones")  # run with --only only (they load every preset)
 
 
@@ -456,21 +400,15 @@ def main(argv: list[str] | None = None) -> None:
         raise plumbing.InputError(f"--groups {args.groups!r}: expected comma-separated BxG with integers in "
                                   "[1, 4096], e.g. 2x4,8x8")
     plumbing.check_device(args.device)
-    import torch
-
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         raise plumbing.InputError(f"--device {args.device}: no CUDA device is available to torch here; expected cpu")
-    global DEVICE
-    DEVICE = args.device
-    GROUPS[:] = groups
     torch.set_num_threads(args.threads)
-    MODELS[:] = args.models.split(",")
-    DTYPES[:] = args.dtypes.split(",")
+    args.models, args.dtypes, args.groups = args.models.split(","), args.dtypes.split(","), groups
     results = {}
     for name, (run, show) in SECTIONS.items():
         if (args.only and name != args.only) or (not args.only and name in ON_REQUEST):
             continue
-        results[name] = run(args.quick)
+        results[name] = run(args)
         if not args.json:
             print(f"== {name}")
             show(results[name])
