@@ -235,15 +235,6 @@ def audit_team(game: Game, library: Library, chooses: Sequence[Choose], seeds: S
     return audit_with(play_team, game.n_agents, library.kinds)
 
 
-def eval_play(policy: policy_lib.MenuPolicy, task: Task, seeds: Sequence[int], agents: list, seed: int,
-              temperature: float = 0.0) -> tuple[list, list]:
-    """(runners, steps) of pamagrpo.evaluate's play in one process: generators seeded by (seed, EVAL_ITERATION, start
-    state, 0), all `seeds` in one lockstep batch, so a run's own team plays here, greedy, the very episodes of its
-    final test. agents: adapter names, None (the frozen base) or `choose` functions."""
-    gens = [policy_lib.sampling_generator(seed, policy_lib.EVAL_ITERATION, s, 0) for s in seeds]
-    return policy_lib.play(task, list(seeds), policy, list(agents), temperature, gens)
-
-
 def audit_llm_team(policy: policy_lib.MenuPolicy, task: Task, agents: list[str | None], seeds: Sequence[int],
                    rng_seed: int = 0, temperature: float = 0.0, intact: list | None = None) -> dict:
     """audit_with for LLM agents (adapter names, None: the frozen base) through policy_lib.play, greedy or sampled
@@ -259,7 +250,7 @@ def audit_llm_team(policy: policy_lib.MenuPolicy, task: Task, agents: list[str |
         for i, name in stand_ins.items():  # one stand-in (and generator) per episode seed, as in audit_team
             per_seed = {s: stand_in(name, i, s, rng_seed) for s in seeds}
             team[i] = lambda runner, agent, menu, per_seed=per_seed: per_seed[runner.game.seed](runner, agent, menu)
-        return policy_lib.episodes(eval_play(policy, task, seeds, team, rng_seed, temperature)[0])
+        return policy_lib.episodes(policy_lib.eval_play(policy, task, seeds, team, rng_seed, temperature)[0])
 
     return audit_with(play_team, len(agents), task.library.kinds)
 
@@ -356,7 +347,7 @@ def greedy_margins(policy: policy_lib.MenuPolicy, task: Task, seeds: Sequence[in
     menu's entropy, argmax margin, outcome and failed streak (this choice failing in a row: a loop greedy play
     cannot leave)."""
     seeds = list(seeds)
-    runners, steps = eval_play(policy, task, seeds, policy.agents, 0)
+    runners, steps = policy_lib.eval_play(policy, task, seeds, policy.agents, 0)
     outcome = {(r, x.agent, x.start): x for r, run in enumerate(runners) for x in run.executions}
     streak: dict[tuple[int, int], tuple[str, int]] = {}
     rows = []
@@ -626,7 +617,8 @@ def cross_play(sweep: str, last: bool = False, device: str | None = None) -> dic
         for j, two in enumerate(runs):
             t1 = time.perf_counter()
             task = seat(i, j)
-            episodes = policy_lib.episodes(eval_play(policy, task, seeds, policy.agents, one["config"]["seed"])[0])
+            runners, _ = policy_lib.eval_play(policy, task, seeds, policy.agents, one["config"]["seed"])
+            episodes = policy_lib.episodes(runners)
             pair = {"agent1_seed": one["seed"], "agent2_seed": two["seed"], "score": mean_score(episodes),
                     "scores": [ep.score for ep in episodes]}
             if i == j:  # self-play: the run's own final test, episode for episode
@@ -812,7 +804,7 @@ def held_out_partners(target: str, device: str | None = None) -> dict:
                                                                     for k in range(2)]))
             for name in reference["partners"]:
                 agents = [policy.agents[k] if k == seat else variant_choice(name) for k in range(2)]
-                runners, _ = eval_play(policy, played, seeds, agents, run["config"]["seed"])
+                runners, _ = policy_lib.eval_play(policy, played, seeds, agents, run["config"]["seed"])
                 score = mean_score(policy_lib.episodes(runners))
                 rows.append({"seed": run["seed"], "trained_agent": seat + 1, "partner": name, "score": score,
                              "normalized": score / standard if standard else 0.0,

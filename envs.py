@@ -90,6 +90,7 @@ class Game:
         self.random_starts = option_bool(self.options, "random_starts", False, self.layout_name)
         self.setup()
         self.regions = [self.start_region(start) for start in self.agent_starts]
+        self.region_sets = [set(region) for region in self.regions]  # for membership tests
         self.reset(seed)
 
     # -- defaults a game may override
@@ -135,7 +136,7 @@ class Game:
 
     def reachers(self, cell: int) -> set[int]:
         """The agents whose start region holds a cell next to `cell` (who can act on it)."""
-        return {i for i, region in enumerate(self.regions) if any(n in region for n in self.neighbours[cell])}
+        return {i for i, region in enumerate(self.region_sets) if not region.isdisjoint(self.neighbours[cell])}
 
     def stranded(self) -> str | None:
         """An agent walled into a pocket with no task cell next to any cell it can walk to, or None: a team
@@ -338,7 +339,7 @@ class CoopPush(Game):
         """Each box must reach cells that are all goal cells by pushes whose pusher cells agents can walk to
         (other boxes ignored: they can be moved); a heavy box moves only north or south (two pushers side by
         side; a row holds one pusher behind it)."""
-        regions = [set(region) for region in self.regions]
+        regions = self.region_sets
         reach = set().union(*regions)
         for box, heavy in zip(self.box_starts, self.box_heavy):
             seen, frontier, delivered = {box}, [box], False

@@ -76,7 +76,7 @@ import torch
 
 import options
 import plumbing
-from policy import EVAL_ITERATION, Decision, MenuPolicy, Step, check_finite, episodes, play, sampling_generator
+from policy import Decision, MenuPolicy, Step, check_finite, episodes, eval_play, play, sampling_generator
 
 
 @dataclass
@@ -266,9 +266,7 @@ def evaluate(policy: MenuPolicy, task: options.Task, seeds: list[int], agents: l
     """Greedy (T = 0) or sampled evaluation on fixed seeds: mean normalized score and return. Under
     torchrun the seeds are split across ranks and the results gathered. episodes_out: receives this rank's
     episodes (policy.episodes), e.g. for the final audit's intact team."""
-    seeds = plumbing.my_share(seeds)
-    gens = [sampling_generator(seed, EVAL_ITERATION, s, 0) for s in seeds]
-    runners, steps = play(task, seeds, policy, agents, temperature, gens)
+    runners, steps = eval_play(policy, task, plumbing.my_share(seeds), agents, seed, temperature)
     if episodes_out is not None:
         episodes_out.extend(episodes(runners))
     scores = plumbing.all_gather([run.game.score for run in runners])

@@ -567,6 +567,14 @@ def play(task: options_lib.Task, seeds: list[int], policy: MenuPolicy, agents: l
                 run.advance()
 
 
+def eval_play(policy: MenuPolicy, task: options_lib.Task, seeds: list[int], agents: list, seed: int,
+              temperature: float = 0.0) -> tuple[list[options_lib.Runner], list[Step]]:
+    """`play` as every evaluation plays: one episode from each start state in `seeds`, each sampled with a generator
+    seeded by (seed, EVAL_ITERATION, start state, 0), so an audit replays the very episodes of a run's test."""
+    gens = [sampling_generator(seed, EVAL_ITERATION, s, 0) for s in seeds]
+    return play(task, list(seeds), policy, list(agents), temperature, gens)
+
+
 def episodes(runners: list[options_lib.Runner]) -> list[options_lib.Episode]:
     """The runners' episodes in the shape options.run_episode returns (for audit.py)."""
     return [options_lib.Episode(r.game.total_reward, r.game.score, r.game.t, r.executions, r.events, [])

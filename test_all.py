@@ -2917,6 +2917,24 @@ def test_the_final_audit_reuses_the_final_evaluations_intact_episodes():
         audit.audit_llm_team(policy, task, ["agent0", "agent1"], seeds[:2], intact=episodes[:1])
 
 
+def test_a_sampled_evaluation_plays_each_start_state_alike_in_any_batch_and_by_the_runs_seed():
+    # what lets ranks split the evaluation's start states and an audit replay a run's sampled test episodes
+    policy = make_policy()
+    task = options.Task(lambda: envs.make_game("coop_push", "heavy_only"), options.make_library(envs.make_game(
+        "coop_push", "heavy_only")))
+    seeds = envs.split_seeds(task.new_game(), "test", 3)
+
+    def choices(runners_and_steps):
+        runners, steps = runners_and_steps
+        return [[(st.agent, st.choice) for st in steps if st.rollout == r] for r in range(len(runners))]
+
+    batched = choices(policy_lib.eval_play(policy, task, seeds, ["agent0", "agent1"], 0, 1.0))
+    alone = [choices(policy_lib.eval_play(policy, task, [s], ["agent0", "agent1"], 0, 1.0))[0] for s in seeds]
+    assert batched == alone
+    other = choices(policy_lib.eval_play(policy, task, seeds, ["agent0", "agent1"], 1, 1.0))
+    assert other != batched  # the run's seed enters every generator
+
+
 def test_greedy_margins_report_argmax_margins_and_failed_streaks():
     policy = make_policy()
     game = envs.make_game("coop_push", "heavy_only")
